@@ -1,0 +1,66 @@
+// Argument checks shared by the CPU, CUDA and SIMT bindings. Every failure names the op, the
+// argument, what was expected and what was passed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <initializer_list>
+
+namespace w4k {
+
+inline void check_dtype(const char* op, const char* name, const at::Tensor& t,
+                        at::ScalarType expected) {
+  TORCH_CHECK(t.scalar_type() == expected, op, ": ", name, " must have dtype ", expected,
+              ", got ", t.scalar_type());
+}
+
+// fp16 or bf16, the activation/scale types of every w4a16 op.
+inline void check_half_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, op, ": ", name,
+              " must have dtype float16 or bfloat16, got ", t.scalar_type());
+}
+
+inline void check_dim(const char* op, const char* name, const at::Tensor& t, int64_t dim) {
+  TORCH_CHECK(t.dim() == dim, op, ": ", name, " must be a ", dim, "-D tensor, got ", t.dim(),
+              "-D with shape ", t.sizes());
+}
+
+inline void check_shape(const char* op, const char* name, const at::Tensor& t,
+                        std::initializer_list<int64_t> expected) {
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(expected), op, ": ", name, " must have shape ",
+              at::IntArrayRef(expected), ", got ", t.sizes());
+}
+
+inline void check_device(const char* op, const char* name, const at::Tensor& t,
+                         c10::DeviceType expected) {
+  TORCH_CHECK(t.device().type() == expected, op, ": ", name, " must be on a ", expected,
+              " device, got ", t.device());
+}
+
+inline void check_same_device(const char* op, const char* name, const at::Tensor& t,
+                              const char* ref_name, const at::Tensor& ref) {
+  TORCH_CHECK(t.device() == ref.device(), op, ": ", name, " must be on the same device as ",
+              ref_name, " (", ref.device(), "), got ", t.device());
+}
+
+inline void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (row-major), got strides ",
+              t.strides(), " for shape ", t.sizes());
+}
+
+inline void check_multiple(const char* op, const char* name, int64_t value, int64_t multiple) {
+  TORCH_CHECK(value % multiple == 0, op, ": ", name, " must be a multiple of ", multiple,
+              ", got ", value);
+}
+
+inline void check_positive(const char* op, const char* name, int64_t value) {
+  TORCH_CHECK(value > 0, op, ": ", name, " must be positive, got ", value);
+}
+
+inline void check_num_bits(const char* op, int64_t num_bits) {
+  TORCH_CHECK(num_bits == 4, op, ": num_bits must be 4 (only 4-bit weights are supported), got ",
+              num_bits);
+}
+
+}  // namespace w4k

@@ -1,0 +1,39 @@
+"""w4kernels: matrix multiplication with 4-bit weights (Marlin, AWQ and KleidiAI formats).
+
+Importing the package loads the compiled operator library, so ``torch.ops.w4kernels.<op>``
+is available, and registers the fake (meta) implementations used by ``torch.compile``.
+
+* :mod:`w4kernels.ops`: typed, documented wrappers of every operator.
+* :mod:`w4kernels.reference`: every operator in plain torch, the executable spec.
+* :mod:`w4kernels.quant`: quantizers and packers that make real checkpoint tensors.
+"""
+
+import torch
+
+from . import _C  # noqa: F401  (registers torch.ops.w4kernels.*)
+
+try:  # the SIMT emulator build of the CUDA kernels (torch.ops.w4kernels_simt.*)
+    from . import _simt  # noqa: F401
+
+    HAS_SIMT = True
+except ImportError:
+    HAS_SIMT = False
+
+from . import ops, quant, reference  # noqa: E402,F401  (ops registers fakes for both namespaces)
+
+__all__ = ["ops", "quant", "reference", "build_info", "HAS_SIMT"]
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"w4kernels::{op}", key)
+
+
+def build_info() -> dict:
+    """What this build contains: torch version, whether CUDA kernels and the emulator are in."""
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_kernels": _has_kernel("marlin_repack", "CUDA"),
+        "simt_emulator": HAS_SIMT,
+        "cuda_available": torch.cuda.is_available(),
+    }

@@ -1,0 +1,1 @@
+"""Quantizers and packers that make real checkpoint tensors from float weights."""

@@ -1,0 +1,1 @@
+"""Plain-torch reference of every operator: the executable spec."""

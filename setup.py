@@ -1,0 +1,95 @@
+"""Build script for w4kernels.
+
+Two extension modules are built:
+
+* ``w4kernels._C``: the product. C++ CPU kernels (``csrc/cpu``) always; the CUDA kernels
+  (``csrc/cuda/*.cu``) whenever torch is a CUDA build and a CUDA toolkit is found.
+* ``w4kernels._simt``: the same CUDA kernel sources (``csrc/kernels``) compiled by the host
+  C++ compiler against the SIMT emulator (``csrc/simt``), registered for CPU tensors under the
+  ``w4kernels_simt`` namespace so the tests can run the CUDA kernels without a GPU.
+
+Environment:
+
+* ``W4K_CUDA=1`` forces the CUDA build (fails if it cannot be done), ``W4K_CUDA=0`` forces a
+  CPU-only ``_C``; unset means "CUDA when possible".
+* ``W4K_SIMT=0`` skips the emulator module (it is built by default).
+* ``TORCH_CUDA_ARCH_LIST`` defaults to ``8.0;9.0+PTX`` (sm_80 and sm_90 SASS, compute_90 PTX
+  for newer GPUs to JIT from); torch's own default needs a visible GPU.
+* ``MAX_JOBS`` is honoured by ninja through torch's build extension.
+"""
+
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rel(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _want_cuda():
+    forced = os.environ.get("W4K_CUDA")
+    have_toolkit = cpp_extension.CUDA_HOME is not None
+    have_torch_cuda = torch.version.cuda is not None
+    if forced == "0":
+        return False
+    if forced == "1":
+        if not (have_toolkit and have_torch_cuda):
+            raise RuntimeError(
+                f"W4K_CUDA=1 but torch.version.cuda={torch.version.cuda!r} and "
+                f"CUDA_HOME={cpp_extension.CUDA_HOME!r}: both are needed for the CUDA build")
+        return True
+    return have_toolkit and have_torch_cuda
+
+
+WITH_CUDA = _want_cuda()
+WITH_SIMT = os.environ.get("W4K_SIMT", "1") != "0"
+
+if WITH_CUDA and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+
+CXX_FLAGS = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function", "-Wno-sign-compare"]
+LINK_FLAGS = ["-fopenmp"]
+INCLUDES = [os.path.join(ROOT, "csrc")]
+
+ext_modules = []
+
+c_sources = ["csrc/ops.cpp"] + _rel("csrc/cpu/*.cpp")
+c_defines = []
+c_nvcc = [
+    "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v",
+    "-Xptxas", "-warn-spills", "-Xcompiler", "-fopenmp",
+]
+if WITH_CUDA:
+    c_sources += _rel("csrc/cuda/*.cu")
+    c_defines.append(("W4K_WITH_CUDA", "1"))
+    ext_modules.append(cpp_extension.CUDAExtension(
+        "w4kernels._C", c_sources, include_dirs=INCLUDES, define_macros=c_defines,
+        extra_compile_args={"cxx": CXX_FLAGS, "nvcc": c_nvcc}, extra_link_args=LINK_FLAGS))
+else:
+    ext_modules.append(cpp_extension.CppExtension(
+        "w4kernels._C", c_sources, include_dirs=INCLUDES, define_macros=c_defines,
+        extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LINK_FLAGS))
+
+SIMT_SOURCES = _rel("csrc/simt/*.cpp")
+if WITH_SIMT and SIMT_SOURCES:
+    # Type punning through reinterpret_cast is everywhere in CUDA kernels: the emulator build
+    # must not let the host compiler assume strict aliasing.
+    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1"]
+    ext_modules.append(cpp_extension.CppExtension(
+        "w4kernels._simt", SIMT_SOURCES, include_dirs=INCLUDES,
+        extra_compile_args={"cxx": simt_flags}, extra_link_args=LINK_FLAGS + ["-pthread"]))
+
+setup(
+    name="w4kernels",
+    packages=find_packages("python"),
+    package_dir={"": "python"},
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+)
