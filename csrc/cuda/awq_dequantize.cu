@@ -1,5 +1,6 @@
 // CUDA binding of awq_dequantize: argument checks (shared with the CPU and SIMT backends),
 // device guard, dtype dispatch, stream, and the launch of kernels/awq_dequantize.cuh.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

@@ -1,6 +1,7 @@
 // CUDA bindings of marlin_repack and awq_marlin_repack: argument checks (shared with the CPU and
 // SIMT backends, so messages are identical), device guard, stream, and the launch of the
 // torch-free kernel in kernels/marlin_repack.cuh.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>

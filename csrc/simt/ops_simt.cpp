@@ -4,6 +4,7 @@
 // checks as the CPU and CUDA backends, so results and error messages can be compared 1:1; the
 // launches are the very launchers the CUDA bindings call, run block by block, lane by lane.
 #include <Python.h>
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cstdint>
