@@ -11,22 +11,22 @@
 //   act-order (GPTQ only): Marlin row r is GPTQ row perm[r].
 //
 // Marlin layout, out uint32 [K/16, 2N]. A 16 x 64 block of q (k-tile kt, 64-column step s)
-// becomes 128 consecutive words of out row kt, starting at word 128*s. Word 32*j + i of those
-// 128 (j = 16-column n-tile of the step, i = lane of the mma fragment that consumes it) holds
-// eight codes, nibble p (bits 4p..4p+3) being
+// becomes 128 consecutive words of out row kt, starting at word 128*s. Word 4*i + j of those
+// 128 (i = lane of the mma that consumes it, j = 16-column n-tile of the step; so each lane's
+// four words form one 16-byte load in the GEMM) holds eight codes, nibble p (bits 4p..4p+3):
 //     q[16*kt + 2*(i%4) + dk[p],  64*s + 16*j + i/4 + dn[p]]
 //     dk = [0, 8, 0, 8, 1, 9, 1, 9],  dn = [0, 0, 8, 8, 0, 0, 8, 8]
 // i.e. the (k, n) pairs of lane i's m16n8k16 B fragments for both 8-column halves of the
-// n-tile, interleaved so that nibbles p and p+4 form the two fp16 halves of one dequantized
-// half2 (Marlin's lop3 int4 -> fp16 trick).
+// n-tile, interleaved so that nibbles p and p+4 become the two halves of one half2 in Marlin's
+// lop3 int4 -> fp16 conversion.
 //
-// Kernel shape (vLLM/Marlin style): a block of 4 warps owns a run of kTilesPerBlock
+// Kernel shape (vLLM/Marlin style): a block of 4 warps owns a run of kRepackTilesPerBlock
 // consecutive 16 x 64 tiles (row-major over (k-tile, 64-column step)). The source words of each
-// tile are staged into shared memory with cp.async, kStages tiles in flight (commit one group
-// per tile, wait until the oldest has landed), and warp j then builds the 32 output words of
-// n-tile j from shared memory, one word per lane: coalesced 128-byte stores per warp. With
+// tile are staged into shared memory with cp.async, kRepackStages tiles in flight (one commit
+// group per tile; wait until the oldest has landed), then thread t builds output word t of the
+// tile from shared memory: 128 consecutive words, a coalesced 512-byte store per block. With
 // act-order the 16 source rows of a tile are gathered through perm: perm[16*kt .. 16*kt+15]
-// picks the word row of each and is also staged, because its low 3 bits pick the nibble.
+// picks the word row of each and is staged too, because its low 3 bits pick the nibble.
 #pragma once
 
 #include <cstdint>
@@ -49,34 +49,48 @@ constexpr int kRepackThreads = 128;     // 4 warps
 constexpr int kRepackStages = 4;        // tiles in flight per block (cp.async groups)
 constexpr int kRepackTilesPerBlock = 16;
 
-// Shared-memory image of one staged tile, in 32-bit words. Row strides are padded (keeping
-// every row 16-byte aligned for cp.async) so the words one warp reads fall in distinct banks.
+// Shared-memory image of one staged tile, in 32-bit words, and where column n of row r sits.
+// Lane l of warp w reads, per load, rows 2*a + const (a = (l/4)%4) at columns 16*j + col
+// (j = l%4, col = 2w + l/16). The layouts keep every 16-byte chunk aligned for cp.async and
+// spread those reads over the banks.
 template <RepackSource kSource>
 struct RepackStage;
 
 template <>
 struct RepackStage<RepackSource::kGptq> {
-  // 2 word rows (k = 0..7, 8..15 of the tile) x 64 columns. A warp reads one row at 8
-  // consecutive columns (lanes sharing a column broadcast): no padding needed.
-  static constexpr int kRowStride = 64;
+  // 2 word rows (k = 0..7, 8..15 of the tile) x 64 columns. The row is fixed per load, so
+  // only 16*j + col varies: a 4-word gap after column 31 moves j = 2, 3 off the banks of
+  // j = 0, 1 (conflict-free).
+  static constexpr int kRowStride = 68;
   static constexpr int kWords = 2 * kRowStride;
+  __device__ __forceinline__ static int offset(int row, int n) {
+    return row * kRowStride + n + 4 * (n / 32);
+  }
 };
 
 template <>
 struct RepackStage<RepackSource::kAwq> {
-  // 16 k rows x 8 words (64 columns). A warp reads rows 2*(i%4) (+1, +8, +9) at one word: with
-  // a stride of 12 words those 4 rows hit banks 0, 24, 16, 8 instead of 0, 16, 0, 16.
+  // 16 k rows x 8 words (64 columns). A load reads word 2j (+1) of rows 2a + const: with a
+  // stride of 12 words the rows start at banks 0, 24, 16, 8 (conflict-free).
   static constexpr int kRowStride = 12;
   static constexpr int kWords = 16 * kRowStride;
+  __device__ __forceinline__ static int offset(int row, int word) {
+    return row * kRowStride + word;
+  }
 };
 
 template <>
 struct RepackStage<RepackSource::kGptqActOrder> {
-  // 16 gathered word rows x 64 columns, stride 68 (rows 0/2/4/6 -> bank offsets 0/8/16/24),
-  // then the 16 perm entries of the tile.
-  static constexpr int kRowStride = 68;
+  // 16 gathered word rows x 64 columns, then the 16 perm entries of the tile. A load reads
+  // rows 2a + const (16 (a, j) pairs, 32 addresses); no row stride separates them better than
+  // 4-way, so the 16-byte chunk c of row r is stored at chunk c ^ ((r/2) % 4) (2-way, the
+  // minimum: only 2 words of each chunk are read per load).
+  static constexpr int kRowStride = 64;
   static constexpr int kPermOffset = 16 * kRowStride;
   static constexpr int kWords = kPermOffset + 16;
+  __device__ __forceinline__ static int offset(int row, int n) {
+    return row * kRowStride + 4 * ((n / 4) ^ ((row / 2) % 4)) + n % 4;
+  }
 };
 
 // Issues the cp.async copies of tile `tile` into `stage` (all threads call it; each copies its
@@ -97,7 +111,7 @@ __device__ __forceinline__ void repack_fetch_tile(uint32_t* stage,
     if (t < 32) {
       const int row = t / 16, col = 4 * (t % 16);
       const uint32_t* src = b_q_weight + (2 * k_tile + row) * size_n + n_step * kRepackTileN + col;
-      ptx::cp_async16_cg(stage + row * Stage::kRowStride + col, src);
+      ptx::cp_async16_cg(stage + Stage::offset(row, col), src);
     }
   } else if constexpr (kSource == RepackSource::kAwq) {
     // Rows 16*kt ..+15, words 8*s ..+7 (columns 64*s ..+63): 16 x 32 bytes = 32 x 16 B.
@@ -105,7 +119,7 @@ __device__ __forceinline__ void repack_fetch_tile(uint32_t* stage,
       const int row = t / 2, word = 4 * (t % 2);
       const uint32_t* src =
           b_q_weight + (kRepackTileK * k_tile + row) * (size_n / 8) + n_step * 8 + word;
-      ptx::cp_async16_cg(stage + row * Stage::kRowStride + word, src);
+      ptx::cp_async16_cg(stage + Stage::offset(row, word), src);
     }
   } else {
     // 16 gathered rows x 64 columns = 256 x 16 B; the word row of Marlin row r is perm[r] / 8.
@@ -117,7 +131,7 @@ __device__ __forceinline__ void repack_fetch_tile(uint32_t* stage,
       const bool valid = src_k >= 0 && src_k < size_k;
       const uint32_t* src =
           b_q_weight + (valid ? src_k / 8 : 0) * size_n + n_step * kRepackTileN + col;
-      ptx::cp_async16_cg_zfill(stage + row * Stage::kRowStride + col, src, valid);
+      ptx::cp_async16_cg_zfill(stage + Stage::offset(row, col), src, valid);
     }
     if (t < kRepackTileK) {
       ptx::cp_async4_ca(stage + Stage::kPermOffset + t, tile_perm + t);
@@ -130,20 +144,20 @@ template <RepackSource kSource>
 __device__ __forceinline__ uint32_t repack_code(const uint32_t* stage, int r, int n) {
   using Stage = RepackStage<kSource>;
   if constexpr (kSource == RepackSource::kGptq) {
-    return (stage[(r / 8) * Stage::kRowStride + n] >> (4 * (r % 8))) & 15u;
+    return (stage[Stage::offset(r / 8, n)] >> (4 * (r % 8))) & 15u;
   } else if constexpr (kSource == RepackSource::kAwq) {
     // Column 8w + j sits in nibble [0, 4, 1, 5, 2, 6, 3, 7][j] = j/2 + 4*(j%2) of word w.
     const int j = n % 8;
-    return (stage[r * Stage::kRowStride + n / 8] >> (4 * (j / 2 + 4 * (j % 2)))) & 15u;
+    return (stage[Stage::offset(r, n / 8)] >> (4 * (j / 2 + 4 * (j % 2)))) & 15u;
   } else {
     const uint32_t src_k = static_cast<uint32_t>(stage[Stage::kPermOffset + r]);
-    return (stage[r * Stage::kRowStride + n] >> (4 * (src_k % 8))) & 15u;
+    return (stage[Stage::offset(r, n)] >> (4 * (src_k % 8))) & 15u;
   }
 }
 
-// The Marlin word of lane `lane` for n-tile `n_tile` (0..3) of the staged tile.
+// Marlin word 4*lane + n_tile of the staged tile (lane 0..31 of the consuming mma, n_tile 0..3).
 template <RepackSource kSource>
-__device__ __forceinline__ uint32_t repack_word(const uint32_t* stage, int n_tile, int lane) {
+__device__ __forceinline__ uint32_t repack_word(const uint32_t* stage, int lane, int n_tile) {
   const int r0 = 2 * (lane % 4);
   const int n0 = 16 * n_tile + lane / 4, n1 = n0 + 8;
   return repack_code<kSource>(stage, r0, n0) |
@@ -189,7 +203,6 @@ __global__ void __launch_bounds__(kRepackThreads)
 
   for (int s = 0; s < kRepackStages - 1; ++s) fetch(tile_begin + s, s);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int stage = 0;
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     ptx::cp_async_wait_group<kRepackStages - 2>();
@@ -198,9 +211,10 @@ __global__ void __launch_bounds__(kRepackThreads)
     __syncthreads();
     fetch(tile + kRepackStages - 1, (stage + kRepackStages - 1) % kRepackStages);
 
-    const uint32_t word = repack_word<kSource>(sh + stage * Stage::kWords, warp, lane);
+    const int t = threadIdx.x;
+    const uint32_t word = repack_word<kSource>(sh + stage * Stage::kWords, t / 4, t % 4);
     const int64_t k_tile = tile / n_steps, n_step = tile % n_steps;
-    out[k_tile * 2 * size_n + n_step * 2 * kRepackTileN + 32 * warp + lane] = word;
+    out[k_tile * 2 * size_n + n_step * 2 * kRepackTileN + t] = word;
     stage = (stage + 1) % kRepackStages;
   }
   ptx::cp_async_wait_all();
