@@ -29,7 +29,6 @@ at::Tensor awq_dequantize_cuda(const at::Tensor& qweight, const at::Tensor& scal
   const int64_t size_k = qweight.size(0), size_n = 8 * qweight.size(1);
   const int64_t group_size = size_k / scales.size(0);
   at::Tensor out = at::empty({size_k, size_n}, scales.options());
-  if (out.numel() == 0) return out;
   const at::Tensor scales16 = aligned16(scales);
   const int block_x = thx > 0 && thx <= 1024 ? static_cast<int>(thx) : 0;
   const int block_y = thy > 0 && thy <= 1024 ? static_cast<int>(thy) : 0;

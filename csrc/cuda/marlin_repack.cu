@@ -30,12 +30,11 @@ at::Tensor marlin_repack_cuda(const at::Tensor& b_q_weight, const std::optional<
   check_marlin_repack_args(b_q_weight, perm, size_k, size_n, num_bits, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(b_q_weight.device());
   at::Tensor out = at::empty({size_k / 16, 2 * size_n}, b_q_weight.options());
-  const bool act_order = perm.has_value() && perm->numel() > 0;
+  const bool act_order = has_perm(perm);
   const at::Tensor src = aligned16(b_q_weight);
-  const at::Tensor perm_src = act_order ? aligned16(*perm) : at::Tensor();
   check_launch("marlin_repack",
                launch_marlin_repack(reinterpret_cast<const uint32_t*>(src.data_ptr<int32_t>()),
-                                    act_order ? perm_src.data_ptr<int32_t>() : nullptr,
+                                    act_order ? perm->data_ptr<int32_t>() : nullptr,
                                     reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), size_k,
                                     size_n, at::cuda::getCurrentCUDAStream()));
   return out;

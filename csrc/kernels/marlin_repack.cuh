@@ -171,7 +171,7 @@ __device__ __forceinline__ uint32_t repack_word(const uint32_t* stage, int lane,
 }
 
 // Grid: ceil(num_tiles / kRepackTilesPerBlock) blocks of kRepackThreads, num_tiles =
-// (K/16) * (N/64). Requires K % 16 == 0, N % 64 == 0, b_q_weight (and perm) 16-byte aligned.
+// (K/16) * (N/64). Requires K % 16 == 0, N % 64 == 0, b_q_weight 16-byte aligned.
 template <RepackSource kSource>
 __global__ void __launch_bounds__(kRepackThreads)
     marlin_repack_kernel(const uint32_t* __restrict__ b_q_weight,
@@ -229,7 +229,7 @@ inline int64_t marlin_repack_num_blocks(int64_t size_k, int64_t size_n) {
 
 // GPTQ [K/8, N] -> Marlin [K/16, 2N]. perm: nullptr (no act-order) or int32 [K] (Marlin row r
 // takes GPTQ row perm[r]; entries outside 0..K-1 produce zero codes). Preconditions (checked by
-// the bindings): K % 16 == 0, N % 64 == 0, b_q_weight and perm 16-byte aligned, out [K/16, 2N].
+// the bindings): K % 16 == 0, N % 64 == 0, b_q_weight 16-byte aligned, out [K/16, 2N].
 inline cudaError_t launch_marlin_repack(const uint32_t* b_q_weight, const int32_t* perm,
                                         uint32_t* out, int64_t size_k, int64_t size_n,
                                         cudaStream_t stream) {

@@ -46,12 +46,11 @@ at::Tensor marlin_repack_simt(const at::Tensor& b_q_weight, const std::optional<
                               int64_t size_k, int64_t size_n, int64_t num_bits) {
   check_marlin_repack_args(b_q_weight, perm, size_k, size_n, num_bits, c10::DeviceType::CPU);
   at::Tensor out = at::empty({size_k / 16, 2 * size_n}, b_q_weight.options());
-  const bool act_order = perm.has_value() && perm->numel() > 0;
+  const bool act_order = has_perm(perm);
   const at::Tensor src = aligned16(b_q_weight);
-  const at::Tensor perm_src = act_order ? aligned16(*perm) : at::Tensor();
   run_simt("marlin_repack", [&] {
     return launch_marlin_repack(reinterpret_cast<const uint32_t*>(src.data_ptr<int32_t>()),
-                                act_order ? perm_src.data_ptr<int32_t>() : nullptr,
+                                act_order ? perm->data_ptr<int32_t>() : nullptr,
                                 reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), size_k,
                                 size_n, kNoStream);
   });
@@ -80,7 +79,6 @@ at::Tensor awq_dequantize_simt(const at::Tensor& qweight, const at::Tensor& scal
   const int64_t size_k = qweight.size(0), size_n = 8 * qweight.size(1);
   const int64_t group_size = size_k / scales.size(0);
   at::Tensor out = at::empty({size_k, size_n}, scales.options());
-  if (out.numel() == 0) return out;
   const at::Tensor scales16 = aligned16(scales);
   const int block_x = thx > 0 && thx <= 1024 ? static_cast<int>(thx) : 0;
   const int block_y = thy > 0 && thy <= 1024 ? static_cast<int>(thy) : 0;
