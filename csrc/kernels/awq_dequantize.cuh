@@ -88,7 +88,6 @@ __global__ void awq_dequantize_kernel(const uint32_t* __restrict__ qweight,  // 
   const pair_t zero = bit_cast_u32<pair_t>(0u);
 
   uint32_t o_pairs[4];
-#pragma unroll
   for (int m = 0; m < 4; ++m) {
     // (B + q) - (B + z) = q - z exactly (both operands and the result are small integers).
     const pair_t diff = __hsub2(bit_cast_u32<pair_t>(biased_pair<scalar_t>(q, m)),
