@@ -123,7 +123,10 @@ __device__ __forceinline__ void repack_fetch_tile(uint32_t* stage,
     }
   } else {
     // 16 gathered rows x 64 columns = 256 x 16 B; the word row of Marlin row r is perm[r] / 8.
-    // An out-of-range perm entry zero-fills its row instead of reading out of bounds.
+    // Each source word is fetched once per row it holds (8 times over the whole repack, mostly
+    // from L2), as in vLLM: a word row mixes rows that perm sends to different k-tiles.
+    // An out-of-range perm entry zero-fills its row instead of reading out of bounds (the CPU
+    // and SIMT bindings reject it; the CUDA binding cannot read perm without a sync).
     const int32_t* tile_perm = perm + kRepackTileK * k_tile;
     for (int chunk = t; chunk < 16 * 16; chunk += kRepackThreads) {
       const int row = chunk / 16, col = 4 * (chunk % 16);
