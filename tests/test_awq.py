@@ -115,3 +115,20 @@ def test_awq_gemm_strided_activations():
 def test_awq_gemm_empty_m():
     qw, s, qz = _random_awq(64, 64, 2, torch.float16)
     assert ops.awq_gemm(torch.empty(0, 64, dtype=torch.float16), qw, s, qz, 8).shape == (0, 64)
+
+
+@pytest.mark.parametrize("op", ["awq_dequantize", "awq_gemm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_awq_isa_paths_agree_bitwise(op, dtype, monkeypatch):
+    """The AVX-512 path and the portable fallback (W4K_CPU_ISA=scalar) perform the same
+    roundings and the same fma chain, so their outputs are bit-identical."""
+    qw, s, qz = _random_awq(256, 136, 4, dtype, seed=7)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(8)).to(dtype)
+    args = (x, qw, s, qz, 8) if op == "awq_gemm" else (qw, s, qz, 0, 0, 0)
+    fn = getattr(torch.ops.w4kernels, op)
+    outs = {}
+    for isa in ("scalar", "avx2", "avx512"):
+        monkeypatch.setenv("W4K_CPU_ISA", isa)
+        outs[isa] = fn(*args)
+    assert golden.same_bits(outs["scalar"], outs["avx512"])
+    assert golden.same_bits(outs["scalar"], outs["avx2"])
