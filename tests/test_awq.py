@@ -90,16 +90,22 @@ def test_awq_gemm(backend, dtype, size_m, size_k, size_n, group_size):
                       reference.awq_dequantize(qw, s, qz))
 
 
-@pytest.mark.parametrize("size_m", [1, 16])
-def test_awq_gemm_llm_shape(size_m):
-    """A real LLM layer (K=4096, N=11008, group 128), from float weights through the quantizer."""
-    b = backend_or_skip("cpu", "awq_gemm")
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4096, 11008, generator=g) * 0.02
+@pytest.fixture(scope="module")
+def llm_layer():
+    """A real LLM layer (K=4096, N=11008, group 128) quantized from float weights, with its
+    dequantized weight (computed once for the module: it is the slow part)."""
+    w = torch.randn(4096, 11008, generator=torch.Generator().manual_seed(0)) * 0.02
     a = quant.quantize_awq(w, 128, torch.bfloat16)
-    x = torch.randn(size_m, 4096, generator=g).to(torch.bfloat16)
+    return a, a.dequantize()
+
+
+@pytest.mark.parametrize("size_m", [1, 16])
+def test_awq_gemm_llm_shape(llm_layer, size_m):
+    b = backend_or_skip("cpu", "awq_gemm")
+    a, w_deq = llm_layer
+    x = torch.randn(size_m, 4096, generator=torch.Generator().manual_seed(size_m)).to(torch.bfloat16)
     out = b.op("awq_gemm")(x, a.qweight, a.scales, a.qzeros, 8)
-    assert_gemm_close(out, reference.awq_gemm(x, a.qweight, a.scales, a.qzeros), x, a.dequantize())
+    assert_gemm_close(out, x.double() @ w_deq.double(), x, w_deq)
 
 
 def test_awq_gemm_strided_activations():
