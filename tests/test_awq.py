@@ -90,16 +90,22 @@ def test_awq_gemm(backend, dtype, size_m, size_k, size_n, group_size):
                       reference.awq_dequantize(qw, s, qz))
 
 
-@pytest.mark.parametrize("size_m", [1, 16])
-def test_awq_gemm_llm_shape(size_m):
-    """A real LLM layer (K=4096, N=11008, group 128), from float weights through the quantizer."""
-    b = backend_or_skip("cpu", "awq_gemm")
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(4096, 11008, generator=g) * 0.02
+@pytest.fixture(scope="module")
+def llm_layer():
+    """A real LLM layer (K=4096, N=11008, group 128) quantized from float weights, with its
+    dequantized weight (computed once for the module: it is the slow part)."""
+    w = torch.randn(4096, 11008, generator=torch.Generator().manual_seed(0)) * 0.02
     a = quant.quantize_awq(w, 128, torch.bfloat16)
-    x = torch.randn(size_m, 4096, generator=g).to(torch.bfloat16)
+    return a, a.dequantize()
+
+
+@pytest.mark.parametrize("size_m", [1, 16])
+def test_awq_gemm_llm_shape(llm_layer, size_m):
+    b = backend_or_skip("cpu", "awq_gemm")
+    a, w_deq = llm_layer
+    x = torch.randn(size_m, 4096, generator=torch.Generator().manual_seed(size_m)).to(torch.bfloat16)
     out = b.op("awq_gemm")(x, a.qweight, a.scales, a.qzeros, 8)
-    assert_gemm_close(out, reference.awq_gemm(x, a.qweight, a.scales, a.qzeros), x, a.dequantize())
+    assert_gemm_close(out, x.double() @ w_deq.double(), x, w_deq)
 
 
 def test_awq_gemm_strided_activations():
@@ -115,3 +121,20 @@ def test_awq_gemm_strided_activations():
 def test_awq_gemm_empty_m():
     qw, s, qz = _random_awq(64, 64, 2, torch.float16)
     assert ops.awq_gemm(torch.empty(0, 64, dtype=torch.float16), qw, s, qz, 8).shape == (0, 64)
+
+
+@pytest.mark.parametrize("op", ["awq_dequantize", "awq_gemm"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_awq_isa_paths_agree_bitwise(op, dtype, monkeypatch):
+    """The AVX-512 path and the portable fallback (W4K_CPU_ISA=scalar) perform the same
+    roundings and the same fma chain, so their outputs are bit-identical."""
+    qw, s, qz = _random_awq(256, 136, 4, dtype, seed=7)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(8)).to(dtype)
+    args = (x, qw, s, qz, 8) if op == "awq_gemm" else (qw, s, qz, 0, 0, 0)
+    fn = getattr(torch.ops.w4kernels, op)
+    outs = {}
+    for isa in ("scalar", "avx2", "avx512"):
+        monkeypatch.setenv("W4K_CPU_ISA", isa)
+        outs[isa] = fn(*args)
+    assert golden.same_bits(outs["scalar"], outs["avx512"])
+    assert golden.same_bits(outs["scalar"], outs["avx2"])

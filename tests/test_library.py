@@ -82,3 +82,19 @@ def test_build_info():
     info = w4kernels.build_info()
     assert info["torch"] == torch.__version__
     assert isinstance(info["cuda_kernels"], bool)
+
+
+def test_cuda_kernels_built_when_toolkit_present():
+    """CI must compile the CUDA kernels, not silently fall back to a CPU-only build: when torch
+    is a CUDA build and nvcc is on this machine, the CUDA implementations must be registered
+    (unless the CPU-only build was asked for with W4K_CUDA=0)."""
+    import os
+    import shutil
+
+    if os.environ.get("W4K_CUDA") == "0":
+        pytest.skip("CPU-only build requested with W4K_CUDA=0")
+    if torch.version.cuda is None or shutil.which("nvcc") is None and not os.path.exists(
+            "/usr/local/cuda/bin/nvcc"):
+        pytest.skip("no CUDA toolkit or a CPU-only torch: the CPU-only build is expected")
+    for op in ("marlin_repack", "awq_marlin_repack", "awq_dequantize"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"w4kernels::{op}", "CUDA"), op

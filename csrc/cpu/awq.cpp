@@ -1,11 +1,11 @@
 // CPU kernels of awq_dequantize and awq_gemm (AutoAWQ WQLinear_GEMM weights).
 //
-// Both decode 64 columns (8 int32 words) of a weight row at a time. Decoding nibble i of the 8
-// words gives columns 8c + kAwqOrder[i] (c = 0..7), so a decoded block is kept in "nibble-major"
-// order: lane l = 8i + c holds column 8c + kAwqOrder[i]. Scales, zeros and the GEMM accumulators
-// use the same lane order, and columns are put back in place only when the output is written.
-// Weights are rounded once to the activation dtype ((q - z) * s is exact in fp32), as the GPU
-// kernels do before their fp32-accumulating mma.
+// Work is cut in blocks of 64 columns (8 int32 words per row). A weight element is
+//   w[k, n] = round_to_dtype((q[k, n] - z[g, n]) * s[g, n]),   g = k / group_size,
+// where the product is exact in fp32 (a 5-bit integer times a 16-bit float), so rounding it to
+// fp16/bf16 is the single rounding the GPU kernels do before their fp32-accumulating mma.
+// awq_gemm accumulates out[m, n] = fma(x[m, k], w[k, n], acc) in increasing k, in fp32; every
+// ISA path (isa.h) performs exactly these operations, so all paths agree bit for bit.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -17,118 +17,206 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "awq_checks.h"
+#include "cpu/isa.h"
 
 namespace w4k {
 namespace {
 
-constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble i holds column 8c + order[i]
-constexpr int64_t kBlockN = 64;                          // columns decoded together (8 words)
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column 8c + j is nibble kAwqNibble[j]
+constexpr int64_t kBlockN = 64;                          // columns per block (8 words)
 constexpr int64_t kBlockK = 128;                         // rows of K per GEMM block
 
-// Column (within a 64-column block) held by lane l of the nibble-major order.
-constexpr int lane_column(int l) { return 8 * (l % 8) + kAwqOrder[l / 8]; }
-
-// Round float -> fp16/bf16 -> float, round-to-nearest-even (the weight's one rounding).
-__attribute__((target("avx2,f16c"))) void round_fp16_f16c(float* v, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm256_storeu_ps(v + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) v[i] = static_cast<float>(c10::Half(v[i]));
-}
-
-void round_fp16(float* v, int64_t n) {
-  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  if (f16c) return round_fp16_f16c(v, n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(c10::Half(v[i]));
-}
-
-void round_bf16(float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(c10::BFloat16(v[i]));
-}
-
-template <typename scalar_t>
-void round_to(float* v, int64_t n) {
-  if constexpr (std::is_same_v<scalar_t, at::Half>) round_fp16(v, n); else round_bf16(v, n);
-}
-
-// Decode the 8 words at `w` into 64 codes in nibble-major lane order.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void decode_words(const uint32_t* w, int32_t* codes) {
-  for (int l = 0; l < 64; ++l) codes[l] = (w[l % 8] >> (4 * (l / 8))) & 15;
-}
-
-// One K-row of a 64-column block: out[l] = (q[l] - z[l]) * s[l] (exact in fp32; + 0.0f turns
-// -0 into +0 like the GPU's fma(q - z, s, +0)).
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void dequant_row(const int32_t* q, const int32_t* z, const float* s, float* out) {
-  for (int l = 0; l < 64; ++l) out[l] = static_cast<float>(q[l] - z[l]) * s[l] + 0.0f;
-}
-
-// Per-group parameters of one 64-column block in lane order (missing tail columns: zero).
+// One group's zero points and scales for a 64-column block, as floats in column order
+// (columns past N: zero, so they dequantize to 0).
 struct GroupParams {
-  int32_t z[64];
-  float s[64];
+  alignas(64) float z[64];
+  alignas(64) float s[64];
 };
 
 template <typename scalar_t>
 void load_group(const int32_t* qzeros, const scalar_t* scales, int64_t size_n, int64_t g,
-                int64_t n0, int64_t words, GroupParams& p) {
-  uint32_t zw[8] = {0};
-  std::memcpy(zw, qzeros + g * (size_n / 8) + n0 / 8, words * sizeof(uint32_t));
-  decode_words(zw, p.z);
-  for (int l = 0; l < 64; ++l) {
-    const int64_t n = n0 + lane_column(l);
-    p.s[l] = n < size_n ? static_cast<float>(scales[g * size_n + n]) : 0.0f;
+                int64_t n0, int64_t ncols, GroupParams& p) {
+  for (int64_t j = 0; j < kBlockN; ++j) {
+    if (j < ncols) {
+      const uint32_t word = qzeros[g * (size_n / 8) + (n0 + j) / 8];
+      p.z[j] = static_cast<float>((word >> (4 * kAwqNibble[j % 8])) & 15);
+      p.s[j] = static_cast<float>(scales[g * size_n + n0 + j]);
+    } else {
+      p.z[j] = p.s[j] = 0.0f;
+    }
   }
 }
+
+// ---- portable path ---------------------------------------------------------------------------
+
+template <typename scalar_t>
+inline scalar_t dequant_scalar(uint32_t word, int64_t j, const GroupParams& p) {
+  const float q = static_cast<float>((word >> (4 * kAwqNibble[j % 8])) & 15);
+  return static_cast<scalar_t>((q - p.z[j]) * p.s[j] + 0.0f);  // + 0: -0 -> +0, as fma(.., +0)
+}
+
+template <typename scalar_t>
+void dequant_rows_scalar(const int32_t* qrow, int64_t ldq, int64_t rows, int64_t ncols,
+                         const GroupParams& p, scalar_t* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < ncols; ++j)
+      out[r * ldo + j] = dequant_scalar<scalar_t>(qrow[r * ldq + j / 8], j, p);
+}
+
+template <typename scalar_t>
+void dequant_block_f32_scalar(const int32_t* qrow, int64_t ldq, int64_t rows, int64_t ncols,
+                              const GroupParams* const* params, float* w) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kBlockN; ++j)
+      w[r * kBlockN + j] =
+          j < ncols ? static_cast<float>(dequant_scalar<scalar_t>(qrow[r * ldq + j / 8], j, *params[r]))
+                    : 0.0f;
+}
+
+// acc[m, :] = fma(x[m, k], w[k, :], acc[m, :]) for k in [0, kb), every m.
+void gemm_block_scalar(const float* x, int64_t ldx, int64_t size_m, const float* w, int64_t kb,
+                       float* acc) {
+  for (int64_t m = 0; m < size_m; ++m)
+    for (int64_t k = 0; k < kb; ++k)
+      for (int64_t j = 0; j < kBlockN; ++j)
+        acc[m * kBlockN + j] = std::fma(x[m * ldx + k], w[k * kBlockN + j], acc[m * kBlockN + j]);
+}
+
+// ---- AVX-512 path ----------------------------------------------------------------------------
+
+#define W4K_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+// Codes of columns 16*pair .. 16*pair+15 from the 8 words in lanes 0..7 of `words`: lane l
+// takes word 2*pair + l/8 and shifts it by 4 * kAwqNibble[l % 8].
+W4K_AVX512 inline __m512 decode16(__m512i words, int pair) {
+  const __m512i idx = _mm512_add_epi32(
+      _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(2 * pair));
+  const __m512i shifts =
+      _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12, 28);
+  const __m512i q = _mm512_and_si512(
+      _mm512_srlv_epi32(_mm512_permutexvar_epi32(idx, words), shifts), _mm512_set1_epi32(15));
+  return _mm512_cvtepi32_ps(q);
+}
+
+// fp32 -> fp16/bf16 bit patterns, round to nearest even (NaN stays NaN).
+template <typename scalar_t>
+W4K_AVX512 inline __m256i round_bits(__m512 v) {
+  if constexpr (std::is_same_v<scalar_t, at::Half>) {
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  } else {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16),
+                                                      _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+  }
+}
+
+template <typename scalar_t>
+W4K_AVX512 inline __m512 bits_to_f32(__m256i h) {
+  if constexpr (std::is_same_v<scalar_t, at::Half>) {
+    return _mm512_cvtph_ps(h);
+  } else {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Rounded weights of 16 columns: (q - z) * s + 0, as 16-bit patterns.
+template <typename scalar_t>
+W4K_AVX512 inline __m256i dequant16(__m512i words, int pair, const GroupParams& p) {
+  const __m512 q = decode16(words, pair);
+  const __m512 z = _mm512_load_ps(p.z + 16 * pair), s = _mm512_load_ps(p.s + 16 * pair);
+  return round_bits<scalar_t>(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q, z), s),
+                                            _mm512_setzero_ps()));
+}
+
+template <typename scalar_t>
+W4K_AVX512 void dequant_rows_avx512(const int32_t* qrow, int64_t ldq, int64_t rows,
+                                    int64_t ncols, const GroupParams& p, scalar_t* out,
+                                    int64_t ldo) {
+  const __mmask8 word_mask = static_cast<__mmask8>((1u << (ncols / 8)) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512i words = _mm512_castsi256_si512(_mm256_maskz_loadu_epi32(word_mask, qrow + r * ldq));
+    for (int pair = 0; 16 * pair < ncols; ++pair) {
+      const __mmask16 col_mask = ncols - 16 * pair >= 16 ? 0xFFFF : 0x00FF;
+      _mm256_mask_storeu_epi16(out + r * ldo + 16 * pair, col_mask,
+                               dequant16<scalar_t>(words, pair, p));
+    }
+  }
+}
+
+template <typename scalar_t>
+W4K_AVX512 void dequant_block_f32_avx512(const int32_t* qrow, int64_t ldq, int64_t rows,
+                                         int64_t ncols, const GroupParams* const* params, float* w) {
+  const __mmask8 word_mask = static_cast<__mmask8>((1u << (ncols / 8)) - 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512i words = _mm512_castsi256_si512(_mm256_maskz_loadu_epi32(word_mask, qrow + r * ldq));
+    for (int pair = 0; pair < 4; ++pair)
+      _mm512_store_ps(w + r * kBlockN + 16 * pair,
+                      bits_to_f32<scalar_t>(dequant16<scalar_t>(words, pair, *params[r])));
+  }
+}
+
+// MR rows of the output block: 4 * MR zmm accumulators live in registers across the k loop.
+template <int MR>
+W4K_AVX512 void gemm_rows_avx512(const float* x, int64_t ldx, const float* w, int64_t kb,
+                                 float* acc) {
+  __m512 c[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) c[r][j] = _mm512_loadu_ps(acc + r * kBlockN + 16 * j);
+  for (int64_t k = 0; k < kb; ++k) {
+    const __m512 w0 = _mm512_load_ps(w + k * kBlockN), w1 = _mm512_load_ps(w + k * kBlockN + 16),
+                 w2 = _mm512_load_ps(w + k * kBlockN + 32), w3 = _mm512_load_ps(w + k * kBlockN + 48);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
+      c[r][0] = _mm512_fmadd_ps(xv, w0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(xv, w1, c[r][1]);
+      c[r][2] = _mm512_fmadd_ps(xv, w2, c[r][2]);
+      c[r][3] = _mm512_fmadd_ps(xv, w3, c[r][3]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + r * kBlockN + 16 * j, c[r][j]);
+}
+
+W4K_AVX512 void gemm_block_avx512(const float* x, int64_t ldx, int64_t size_m, const float* w,
+                                  int64_t kb, float* acc) {
+  int64_t m = 0;
+  for (; m + 4 <= size_m; m += 4) gemm_rows_avx512<4>(x + m * ldx, ldx, w, kb, acc + m * kBlockN);
+  for (; m < size_m; ++m) gemm_rows_avx512<1>(x + m * ldx, ldx, w, kb, acc + m * kBlockN);
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
 
 template <typename scalar_t>
 void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const int32_t* qzeros,
                            int64_t size_k, int64_t size_n, int64_t groups, scalar_t* out) {
   const int64_t group_size = size_k / groups;
   const int64_t blocks_n = (size_n + kBlockN - 1) / kBlockN;
+  const bool simd = cpu_isa() == Isa::kAvx512;
   at::parallel_for(0, groups * blocks_n, 1, [&](int64_t begin, int64_t end) {
     GroupParams p;
-    alignas(64) int32_t q[64];
-    alignas(64) float w[64];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / blocks_n, n0 = (task % blocks_n) * kBlockN;
-      const int64_t words = std::min<int64_t>(8, (size_n - n0) / 8);
-      load_group(qzeros, scales, size_n, g, n0, words, p);
-      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k) {
-        uint32_t qw[8] = {0};
-        std::memcpy(qw, qweight + k * (size_n / 8) + n0 / 8, words * sizeof(uint32_t));
-        decode_words(qw, q);
-        dequant_row(q, p.z, p.s, w);
-        scalar_t* dst = out + k * size_n + n0;
-        for (int l = 0; l < 64; ++l) {
-          const int col = lane_column(l);
-          if (col < words * 8) dst[col] = static_cast<scalar_t>(w[l]);
-        }
-      }
+      const int64_t ncols = std::min(kBlockN, size_n - n0);
+      load_group(qzeros, scales, size_n, g, n0, ncols, p);
+      const int32_t* qrow = qweight + g * group_size * (size_n / 8) + n0 / 8;
+      scalar_t* dst = out + g * group_size * size_n + n0;
+      if (simd)
+        dequant_rows_avx512(qrow, size_n / 8, group_size, ncols, p, dst, size_n);
+      else
+        dequant_rows_scalar(qrow, size_n / 8, group_size, ncols, p, dst, size_n);
     }
   });
-}
-
-// acc[m, :] += x[m, k] * w[k, :] over a kb x 64 block, for all rows m.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void gemm_block(const float* x, int64_t ldx, int64_t size_m, const float* w, int64_t kb,
-                float* acc) {
-  for (int64_t m = 0; m < size_m; ++m) {
-    float* a = acc + m * 64;
-    const float* xm = x + m * ldx;
-    for (int64_t k = 0; k < kb; ++k) {
-      const float xv = xm[k];
-      const float* wk = w + k * 64;
-      for (int l = 0; l < 64; ++l) a[l] += xv * wk[l];
-    }
-  }
 }
 
 template <typename scalar_t>
@@ -136,7 +224,8 @@ void awq_gemm_kernel(const scalar_t* x, int64_t ldx, const int32_t* qweight,
                      const scalar_t* scales, const int32_t* qzeros, int64_t size_m,
                      int64_t size_k, int64_t size_n, int64_t groups, scalar_t* out) {
   const int64_t group_size = size_k / groups;
-  // Activations in fp32 once, so the inner loop is a plain fp32 FMA stream.
+  const bool simd = cpu_isa() == Isa::kAvx512;
+  // Activations in fp32 once (exact), so the inner loop is a plain fp32 FMA stream.
   std::vector<float> xf(size_m * size_k);
   at::parallel_for(0, size_m, 16, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m)
@@ -144,37 +233,33 @@ void awq_gemm_kernel(const scalar_t* x, int64_t ldx, const int32_t* qweight,
   });
   const int64_t blocks_n = (size_n + kBlockN - 1) / kBlockN;
   at::parallel_for(0, blocks_n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(size_m * 64);
-    std::vector<float> w(kBlockK * 64);
-    GroupParams p;
-    alignas(64) int32_t q[64];
+    std::vector<float> acc(size_m * kBlockN);
+    float* w = static_cast<float*>(std::aligned_alloc(64, kBlockK * kBlockN * sizeof(float)));
+    std::vector<GroupParams> params(std::min(groups, kBlockK + 1));
+    std::vector<const GroupParams*> row_params(kBlockK);
     for (int64_t nb = begin; nb < end; ++nb) {
-      const int64_t n0 = nb * kBlockN;
-      const int64_t words = std::min<int64_t>(8, (size_n - n0) / 8);
+      const int64_t n0 = nb * kBlockN, ncols = std::min(kBlockN, size_n - n0);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      int64_t loaded_group = -1;
       for (int64_t k0 = 0; k0 < size_k; k0 += kBlockK) {
         const int64_t kb = std::min(kBlockK, size_k - k0);
-        for (int64_t k = k0; k < k0 + kb; ++k) {
-          if (k / group_size != loaded_group) {
-            loaded_group = k / group_size;
-            load_group(qzeros, scales, size_n, loaded_group, n0, words, p);
-          }
-          uint32_t qw[8] = {0};
-          std::memcpy(qw, qweight + k * (size_n / 8) + n0 / 8, words * sizeof(uint32_t));
-          decode_words(qw, q);
-          dequant_row(q, p.z, p.s, w.data() + (k - k0) * 64);
-        }
-        round_to<scalar_t>(w.data(), kb * 64);
-        gemm_block(xf.data() + k0, size_k, size_m, w.data(), kb, acc.data());
-      }
-      for (int64_t m = 0; m < size_m; ++m) {
-        for (int l = 0; l < 64; ++l) {
-          const int col = lane_column(l);
-          if (col < words * 8) out[m * size_n + n0 + col] = static_cast<scalar_t>(acc[m * 64 + l]);
+        const int64_t g0 = k0 / group_size;
+        for (int64_t g = g0; g <= (k0 + kb - 1) / group_size; ++g)
+          load_group(qzeros, scales, size_n, g, n0, ncols, params[g - g0]);
+        for (int64_t r = 0; r < kb; ++r) row_params[r] = &params[(k0 + r) / group_size - g0];
+        const int32_t* qrow = qweight + k0 * (size_n / 8) + n0 / 8;
+        if (simd) {
+          dequant_block_f32_avx512<scalar_t>(qrow, size_n / 8, kb, ncols, row_params.data(), w);
+          gemm_block_avx512(xf.data() + k0, size_k, size_m, w, kb, acc.data());
+        } else {
+          dequant_block_f32_scalar<scalar_t>(qrow, size_n / 8, kb, ncols, row_params.data(), w);
+          gemm_block_scalar(xf.data() + k0, size_k, size_m, w, kb, acc.data());
         }
       }
+      for (int64_t m = 0; m < size_m; ++m)
+        for (int64_t j = 0; j < ncols; ++j)
+          out[m * size_n + n0 + j] = static_cast<scalar_t>(acc[m * kBlockN + j]);
     }
+    std::free(w);
   });
 }
 
