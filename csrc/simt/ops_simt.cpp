@@ -38,8 +38,7 @@ void run_simt(const char* op, Launch&& launch) {
   } catch (const simt::Error& e) {
     TORCH_CHECK(false, op, ": SIMT emulator fault: ", e.what());
   }
-  TORCH_CHECK(err == cudaSuccess, op, ": SIMT kernel launch failed with status ",
-              static_cast<int>(err));
+  TORCH_CHECK(err == cudaSuccess, op, ": SIMT kernel launch failed: ", cudaGetErrorString(err));
 }
 
 at::Tensor marlin_repack_simt(const at::Tensor& b_q_weight, const std::optional<at::Tensor>& perm,
