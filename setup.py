@@ -85,7 +85,8 @@ if WITH_SIMT and SIMT_SOURCES:
     SIMT_SOURCES += _rel("csrc/simt/*.S")
     # Type punning through reinterpret_cast is everywhere in CUDA kernels: the emulator build
     # must not let the host compiler assume strict aliasing.
-    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1"]
+    # -Wno-unknown-pragmas: kernels keep their "#pragma unroll" for nvcc; g++ does not know it.
+    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1", "-Wno-unknown-pragmas"]
     ext_modules.append(cpp_extension.CppExtension(
         "w4kernels._simt", SIMT_SOURCES, include_dirs=INCLUDES,
         extra_compile_args={"cxx": simt_flags}, extra_link_args=LINK_FLAGS + ["-pthread"]))
