@@ -122,7 +122,13 @@ __global__ void reverse_chain_kernel(int* lock, float* acc, int nblocks, int* or
   __syncthreads();
   acc[threadIdx.x] += float(blockIdx.x + 1);  // serialized by the lock
   __syncthreads();
-  if (threadIdx.x == 0) w4k::ptx::red_release_gpu_add(lock, 1);
+  // release the next block: odd blocks store the new value, even blocks add 1 (same effect)
+  if (threadIdx.x == 0) {
+    if (blockIdx.x % 2)
+      w4k::ptx::st_release_gpu(lock, nblocks - int(blockIdx.x));
+    else
+      w4k::ptx::red_release_gpu_add(lock, 1);
+  }
 }
 }  // namespace
 
