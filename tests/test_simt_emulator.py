@@ -139,7 +139,8 @@ def test_single_worker_still_runs_inter_block_locks(binaries):
     # slot away to the blocks they wait for.
     env = dict(os.environ, W4K_SIMT_WORKERS="1")
     r = subprocess.run([binaries["plain"], "inter_block_lock_reverse_order_needs_concurrency",
-                        "static_shared_private_per_block_with_grid_barrier"],
+                        "static_shared_private_per_block_with_grid_barrier",
+                        "inter_block_lock_spin_with_warp_vote_or_barriers"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -296,7 +296,6 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
   if (id < 0 || id >= 16) fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
   if (count <= 0 || count > b.nthreads || (!syncthreads && count % 32 != 0))
     fail_here("bar.sync " + std::to_string(id) + " with thread count " + std::to_string(count) +
@@ -346,7 +345,6 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
                        const void* in, void* out) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
   WarpState& w = b.warps[f.warp];
   const uint32_t me = 1u << f.lane;
   if (!(mask & me))
@@ -498,33 +496,39 @@ extern "C" __attribute__((used, noinline)) inline void w4k_simt_dump() {
                tl_block->describe_threads(false, 1 << 30).c_str());
 }
 
+// A thread that re-read the same value this many times in a row at one site is spinning.
+constexpr int kLongSpin = 64;
+
 inline void Block::run() {
-  const int workers_spin_ms_max = 2;
+  const int max_backoff_us = 2000;
   auto stall_start = std::chrono::steady_clock::now();
   bool stalling = false;
   int backoff_us = 20;
   for (;;) {
-    bool any_ran = false, only_repeated_spins = true;
+    bool any_ran = false, only_repeated_spins = true, long_spin = false;
     int live = 0;
     for (int t = 0; t < nthreads; ++t) {
       Fiber& f = fibers[t];
       if (f.state == FiberState::Ready) {
         any_ran = true;
         run_one(f);
-        if (!(f.state == FiberState::Ready && f.stop == StopReason::SpinYield && f.spin_repeat))
-          only_repeated_spins = false;
+        const bool spun = f.state == FiberState::Ready && f.stop == StopReason::SpinYield;
+        if (!(spun && f.spin_repeat)) only_repeated_spins = false;
+        if (spun && f.spin_streak >= kLongSpin) long_spin = true;
         if (launch->abort) return;
       }
       if (f.state != FiberState::Done) ++live;
     }
     if (live == 0) return;
     if (!any_ran) deadlock();
-    if (!only_repeated_spins) {
+    if (!only_repeated_spins && !long_spin) {
       stalling = false;
       backoff_us = 20;
       continue;
     }
-    // Every runnable thread re-read an unchanged value: only another block can unblock us.
+    // Every runnable thread re-read an unchanged value (or one thread has been re-reading the
+    // same value for a long time, e.g. a spin loop with a warp vote in it): maybe only another
+    // block can unblock us.
     auto now = std::chrono::steady_clock::now();
     if (!stalling) {
       stalling = true;
@@ -539,8 +543,12 @@ inline void Block::run() {
                           " s; no other block released them (inter-block deadlock?)");
     }
     launch->release_permit();
-    std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
-    backoff_us = std::min(backoff_us * 2, workers_spin_ms_max * 1000);
+    if (only_repeated_spins) {
+      std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
+      backoff_us = std::min(backoff_us * 2, max_backoff_us);
+    } else {
+      std::this_thread::yield();  // the block may still be progressing: just let others in
+    }
     if (!launch->acquire_permit()) {
       holds_permit = false;
       return;

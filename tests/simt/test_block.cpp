@@ -145,6 +145,49 @@ TEST(inter_block_lock_reverse_order_needs_concurrency) {
 }
 
 namespace {
+// The same reverse chain, but the whole warp spins and votes in every iteration: the spinning
+// threads keep reaching a collective, so "all threads only re-read" never holds for a round.
+__global__ void reverse_chain_vote_kernel(int* lock, int* order, int nblocks) {
+  const int me = nblocks - 1 - int(blockIdx.x);
+  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) != me)) {
+  }
+  if (threadIdx.x == 0) {
+    order[me] = int(blockIdx.x);
+    w4k::ptx::red_release_gpu_add(lock, 1);
+  }
+}
+
+// Thread 0 polls, the block decides together through shared memory and __syncthreads: the
+// other threads never spin themselves, they wait at barriers.
+__global__ void reverse_chain_barrier_kernel(int* lock, int* order, int nblocks) {
+  __shared__ int go;
+  const int me = nblocks - 1 - int(blockIdx.x);
+  for (;;) {
+    if (threadIdx.x == 0) go = w4k::ptx::ld_acquire_gpu(lock) == me;
+    __syncthreads();
+    const bool done = go;
+    __syncthreads();
+    if (done) break;
+  }
+  if (threadIdx.x == 0) {
+    order[me] = int(blockIdx.x);
+    w4k::ptx::red_release_gpu_add(lock, 1);
+  }
+}
+}  // namespace
+
+TEST(inter_block_lock_spin_with_warp_vote_or_barriers) {
+  const int nblocks = 6;
+  for (auto* kernel : {&reverse_chain_vote_kernel, &reverse_chain_barrier_kernel}) {
+    int lock = 0;
+    std::vector<int> order(nblocks, -1);
+    W4K_LAUNCH(kernel, dim3(nblocks), dim3(64), 0, nullptr, &lock, order.data(), nblocks);
+    CHECK_EQ(lock, nblocks);
+    for (int i = 0; i < nblocks; ++i) CHECK_EQ(order[i], nblocks - 1 - i);
+  }
+}
+
+namespace {
 __global__ void atomics_kernel(int* i, unsigned* u, float* f, int* mx, unsigned* orr, int* lock,
                                int* counter) {
   const int t = int(threadIdx.x + blockIdx.x * blockDim.x);
