@@ -68,7 +68,7 @@ inline void run_block(Launch& L, int64_t linear, bool& holds_permit) {
     throw std::runtime_error("simt: cannot allocate " + std::to_string(L.smem_bytes) +
                              " bytes of dynamic shared memory");
   b.smem = static_cast<unsigned char*>(p);
-  std::memset(b.smem, 0xFF, L.smem_bytes);
+  std::memset(b.smem, kPoisonByte, L.smem_bytes);
   const int nwarps = (b.nthreads + 31) / 32;
   b.warps.resize(size_t(nwarps));
   for (int w = 0; w < nwarps; ++w) {
@@ -160,8 +160,7 @@ inline bool valid_config(dim3 grid, dim3 block, size_t smem, const void* fn) {
 // kernel<<<grid, block, smem>>>(args...), synchronously. Each CUDA thread calls the kernel with
 // its own copy of the arguments, converted to the kernel's parameter types like a real launch.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
-            A&&... args) {
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong argument count");
   if (!valid_config(grid, block, smem, reinterpret_cast<const void*>(kernel))) return;
   std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
@@ -186,10 +185,14 @@ inline cudaError_t cudaGetLastError() {
 inline cudaError_t cudaPeekAtLastError() { return simt::tl_last_error; }
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    default: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    default:
+      return "unspecified launch failure";
   }
 }
 template <class F>
@@ -208,13 +211,26 @@ inline cudaError_t cudaGetDevice(int* dev) {
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device*/) {
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
-    case cudaDevAttrMultiProcessorCount: *value = simt::num_sms(); break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 8; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = simt::max_smem_optin(); break;
-    default: return simt::tl_last_error = cudaErrorInvalidValue;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 48 * 1024;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = simt::num_sms();
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 8;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = simt::max_smem_optin();
+      break;
+    default:
+      return simt::tl_last_error = cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }

@@ -8,10 +8,6 @@
 
 namespace simt {
 
-// Shared memory bytes written by cp.async before the data has landed (and by the block start
-// fill): 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
-constexpr unsigned char kPoisonByte = 0xFF;
-
 // cp.async.{ca,cg}.shared.global [dst], [src], size[, src_size]. The source is read at issue
 // (so an out-of-bounds source is reported at the faulting instruction); the destination is
 // filled with poison now and receives the data only at the cp.async.wait_group that retires
@@ -50,8 +46,18 @@ inline void cp_async_commit() {
 inline void cp_async_wait(int n) {
   Fiber& f = current();
   while (int(f.cp_groups.size()) > n) {
-    for (AsyncCopy& c : f.cp_groups.front()) land(c);
+    std::vector<AsyncCopy> group = std::move(f.cp_groups.front());
     f.cp_groups.erase(f.cp_groups.begin());
+    const AsyncCopy* raced = nullptr;
+    for (AsyncCopy& c : group)  // land all of them first: nothing stays ASan-poisoned
+      if (!land(c) && !raced) raced = &c;
+    if (raced) {
+      const AsyncCopy& c = *raced;
+      fail_here("cp.async.wait_group: the " + std::to_string(c.size) + "-byte destination " +
+                ptr_str(c.dst) +
+                " was written while its cp.async was in flight (race with "
+                "the asynchronous copy)");
+    }
   }
 }
 
@@ -78,8 +84,7 @@ inline T atomic_rmw(T* p, Op op, const void* site) {
   __atomic_load(p, &old, __ATOMIC_RELAXED);
   do {
     desired = op(old);
-  } while (!__atomic_compare_exchange(p, &old, &desired, true, __ATOMIC_SEQ_CST,
-                                      __ATOMIC_RELAXED));
+  } while (!__atomic_compare_exchange(p, &old, &desired, true, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
   uint64_t bits = 0;
   std::memcpy(&bits, &old, sizeof(T));
   spin_observe(site, bits);

@@ -40,6 +40,10 @@ inline int env_int(const char* name, int dflt) {
 struct Block;
 struct Launch;
 
+// Shared memory bytes written by cp.async before the data has landed and by the block-start
+// fill of dynamic shared memory: 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
+constexpr unsigned char kPoisonByte = 0xFF;
+
 // A cp.async in flight: the source bytes are captured at issue, they land at wait_group.
 struct AsyncCopy {
   void* dst;
@@ -296,11 +300,12 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
   Fiber& f = current();
   Block& b = *f.block;
-  if (id < 0 || id >= 16) fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
+  if (id < 0 || id >= 16)
+    fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
   if (count <= 0 || count > b.nthreads || (!syncthreads && count % 32 != 0))
     fail_here("bar.sync " + std::to_string(id) + " with thread count " + std::to_string(count) +
-              " (must be a multiple of 32 and at most the block's " +
-              std::to_string(b.nthreads) + " threads)");
+              " (must be a multiple of 32 and at most the block's " + std::to_string(b.nthreads) +
+              " threads)");
   Barrier& bar = b.bars[id];
   const char* what = syncthreads ? "__syncthreads" : "bar.sync";
   if (syncthreads && b.exited > 0)
@@ -363,12 +368,13 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
     std::string waiting = b.where_tid(f.warp * 32 + waiting_lane);
     if (p.mask != mask)
       fail_here("divergent " + std::string(name) + ": this lane uses member mask " + hex32(mask) +
-                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " +
-                p.name + " with member mask " + hex32(p.mask));
+                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " with member mask " + hex32(p.mask));
     if (p.fn != fn || p.site != site)
-      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) +
-                ": lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
-                " at call site " + site_str(p.site) + " (all lanes of the mask must execute the "
+      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) + ": lanes " +
+                hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " at call site " + site_str(p.site) +
+                " (all lanes of the mask must execute the "
                 "same instruction)");
     r = &p;
     break;
@@ -415,11 +421,18 @@ inline void fiber_main(void* arg) {
   std::abort();  // a finished fiber is never resumed
 }
 
-inline void land(AsyncCopy& c) {
+// Completes a cp.async. Returns false if the destination was overwritten while the copy was in
+// flight (it holds neither the poison written at issue nor the bytes being landed: a store
+// raced with the asynchronous copy).
+inline bool land(AsyncCopy& c) {
 #if W4K_SIMT_ASAN
   if (c.size == 16) __asan_unpoison_memory_region(c.dst, 16);
 #endif
+  bool intact = true;
+  const auto* now = static_cast<const unsigned char*>(c.dst);
+  for (int i = 0; i < c.size; ++i) intact &= now[i] == kPoisonByte || now[i] == c.data[i];
   std::memcpy(c.dst, c.data, size_t(c.size));
+  return intact;
 }
 
 inline void Block::on_exit(Fiber& f) {
@@ -533,14 +546,14 @@ inline void Block::run() {
     if (!stalling) {
       stalling = true;
       stall_start = now;
-    } else if (std::chrono::duration<double>(now - stall_start).count() >
-               launch->spin_timeout_s) {
+    } else if (std::chrono::duration<double>(now - stall_start).count() > launch->spin_timeout_s) {
       for (int t = 0; t < nthreads; ++t)
         if (fibers[t].state == FiberState::Ready)
-          fail_tid(t, "spin timeout: the threads of this block have re-read unchanged values "
-                      "(ld.acquire / atomics) for " +
-                          std::to_string(int(launch->spin_timeout_s)) +
-                          " s; no other block released them (inter-block deadlock?)");
+          fail_tid(t,
+                   "spin timeout: the threads of this block have re-read unchanged values "
+                   "(ld.acquire / atomics) for " +
+                       std::to_string(int(launch->spin_timeout_s)) +
+                       " s; no other block released them (inter-block deadlock?)");
     }
     launch->release_permit();
     if (only_repeated_spins) {

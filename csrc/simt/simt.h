@@ -120,9 +120,10 @@ inline unsigned __activemask() {
 }
 
 // ---- atomics (device-wide, sequentially consistent) ----
-#define W4K_SIMT_ATOMIC(name, T, expr)                                               \
-  W4K_SIMT_ENTRY inline T name(T* p, T v) {                                          \
-    return ::simt::atomic_rmw(p, [v](T old) -> T { return expr; }, W4K_SIMT_SITE);   \
+#define W4K_SIMT_ATOMIC(name, T, expr)                       \
+  W4K_SIMT_ENTRY inline T name(T* p, T v) {                  \
+    return ::simt::atomic_rmw(                               \
+        p, [v](T old) -> T { return expr; }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC(atomicAdd, int, old + v)
 W4K_SIMT_ATOMIC(atomicAdd, unsigned, old + v)
@@ -139,8 +140,8 @@ W4K_SIMT_ATOMIC(atomicMax, int, old < v ? v : old)
 W4K_SIMT_ATOMIC(atomicMax, unsigned, old < v ? v : old)
 W4K_SIMT_ATOMIC(atomicMin, int, v < old ? v : old)
 W4K_SIMT_ATOMIC(atomicMin, unsigned, v < old ? v : old)
-W4K_SIMT_ATOMIC(atomicAnd, int, old & v)
-W4K_SIMT_ATOMIC(atomicAnd, unsigned, old & v)
+W4K_SIMT_ATOMIC(atomicAnd, int, old& v)
+W4K_SIMT_ATOMIC(atomicAnd, unsigned, old& v)
 W4K_SIMT_ATOMIC(atomicOr, int, old | v)
 W4K_SIMT_ATOMIC(atomicOr, unsigned, old | v)
 W4K_SIMT_ATOMIC(atomicXor, int, old ^ v)
@@ -148,8 +149,8 @@ W4K_SIMT_ATOMIC(atomicXor, unsigned, old ^ v)
 #undef W4K_SIMT_ATOMIC
 #define W4K_SIMT_ATOMIC_CAS(T)                                                            \
   W4K_SIMT_ENTRY inline T atomicCAS(T* p, T compare, T v) {                               \
-    return ::simt::atomic_rmw(p, [compare, v](T old) -> T { return old == compare ? v : old; }, \
-                              W4K_SIMT_SITE);                                             \
+    return ::simt::atomic_rmw(                                                            \
+        p, [compare, v](T old) -> T { return old == compare ? v : old; }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC_CAS(int)
 W4K_SIMT_ATOMIC_CAS(unsigned)
@@ -158,4 +159,6 @@ W4K_SIMT_ATOMIC_CAS(unsigned long long)
 
 // ---- plain loads with cache hints ----
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}

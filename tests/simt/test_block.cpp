@@ -137,8 +137,8 @@ TEST(inter_block_lock_reverse_order_needs_concurrency) {
   int lock = 0;
   std::vector<int> order(nblocks, -1);
   std::vector<float> acc(32, 0.f);
-  W4K_LAUNCH(reverse_chain_kernel, dim3(nblocks), dim3(32), 0, nullptr, &lock, acc.data(),
-             nblocks, order.data());
+  W4K_LAUNCH(reverse_chain_kernel, dim3(nblocks), dim3(32), 0, nullptr, &lock, acc.data(), nblocks,
+             order.data());
   CHECK_EQ(lock, nblocks);
   for (int i = 0; i < nblocks; ++i) CHECK_EQ(order[i], nblocks - 1 - i);
   for (float a : acc) CHECK_EQ(a, float(nblocks * (nblocks + 1) / 2));
@@ -210,8 +210,8 @@ TEST(atomics_and_cas_spin_lock) {
   unsigned u = 0, orr = 0;
   float f = 0;
   const int blocks = 6, threads = 64, n = blocks * threads;
-  W4K_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, &i, &u, &f, &mx, &orr,
-             &lock, &counter);
+  W4K_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, &i, &u, &f, &mx, &orr, &lock,
+             &counter);
   CHECK_EQ(i, n * (n - 1) / 2);
   CHECK_EQ(u, unsigned(n));
   CHECK_EQ(f, 0.5f * n);
@@ -274,11 +274,11 @@ __global__ void cp_async_groups_kernel(const int4* src, int* state) {
   w4k::ptx::cp_async4_ca(&sh[2].y, &src[2].y);
   w4k::ptx::cp_async4_ca(&sh[2].z, &src[2].z);
   w4k::ptx::cp_async4_ca(&sh[2].w, &src[2].w);
-  w4k::ptx::cp_async_commit_group();  // group B
-  w4k::ptx::cp_async16_cg_zfill(&sh[3], &src[3], false);   // 16 zero bytes
-  w4k::ptx::cp_async16_cg_pred(&sh[5], &src[5], false);    // no copy at all
-  w4k::ptx::cp_async_commit_group();  // group C
-  w4k::ptx::cp_async16_cg_zfill(&sh[4], &src[4], true);    // uncommitted
+  w4k::ptx::cp_async_commit_group();                      // group B
+  w4k::ptx::cp_async16_cg_zfill(&sh[3], &src[3], false);  // 16 zero bytes
+  w4k::ptx::cp_async16_cg_pred(&sh[5], &src[5], false);   // no copy at all
+  w4k::ptx::cp_async_commit_group();                      // group C
+  w4k::ptx::cp_async16_cg_zfill(&sh[4], &src[4], true);   // uncommitted
   snapshot(0);
   w4k::ptx::cp_async_wait_group<2>();  // A done
   snapshot(1);
@@ -286,7 +286,7 @@ __global__ void cp_async_groups_kernel(const int4* src, int* state) {
   snapshot(2);
   w4k::ptx::cp_async_wait_group<0>();  // C done, the uncommitted copy still pending
   snapshot(3);
-  w4k::ptx::cp_async_wait_all();       // commits it and waits
+  w4k::ptx::cp_async_wait_all();  // commits it and waits
   snapshot(4);
   state[30] = sh[3].x == 0 && sh[3].y == 0 && sh[3].z == 0 && sh[3].w == 0;
   state[31] = sh[5].x == 7 && sh[5].w == 7;
@@ -297,8 +297,7 @@ TEST(cp_async_commit_wait_group_semantics) {
   std::vector<int4> src(6);
   for (int k = 0; k < 6; ++k) src[k] = make_int4(k * 4 + 1, k * 4 + 2, k * 4 + 3, k * 4 + 4);
   std::vector<int> state(32, -1);
-  W4K_LAUNCH(cp_async_groups_kernel, dim3(1), dim3(32), 6 * 16, nullptr, src.data(),
-             state.data());
+  W4K_LAUNCH(cp_async_groups_kernel, dim3(1), dim3(32), 6 * 16, nullptr, src.data(), state.data());
   // columns: sh[0] (A), sh[1] (B), sh[2] (B, 4-byte), sh[3] (C, zfill), sh[4] (uncommitted),
   // sh[5] (predicated off: keeps 7s, classified 3)
   const int want[5][6] = {{2, 2, 2, 2, 2, 3},
@@ -341,15 +340,15 @@ TEST(launch_configuration_errors_like_cuda) {
   const size_t smem = 32 * 1000 * 4;
   W4K_LAUNCH(big_smem_kernel, dim3(1), dim3(32), smem, nullptr, out.data());
   CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
-  CHECK_EQ(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(smem)),
-           cudaSuccess);
+  CHECK_EQ(
+      cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+      cudaSuccess);
   W4K_LAUNCH(big_smem_kernel, dim3(1), dim3(32), smem, nullptr, out.data());
   CHECK_EQ(cudaGetLastError(), cudaSuccess);
   for (int t = 0; t < 32; ++t) CHECK_EQ(out[t], (t + 1) % 32);
-  CHECK_EQ(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                1 << 20),
-           cudaErrorInvalidValue);
+  CHECK_EQ(
+      cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1 << 20),
+      cudaErrorInvalidValue);
   cudaGetLastError();
 }
 
