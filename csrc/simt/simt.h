@@ -37,6 +37,10 @@
 // instead (run under gdb to see the kernel frame). Kernel exceptions are rethrown likewise.
 #pragma once
 
+#if __cplusplus < 202002L
+#error "the SIMT emulator needs C++20 (std::atomic_ref); torch extensions build with -std=c++20"
+#endif
+
 #include <atomic>
 #include <cstdint>
 
