@@ -145,6 +145,18 @@ def test_single_worker_still_runs_inter_block_locks(binaries):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("schedule", ["reverse", "shuffle"])
+def test_correct_cases_pass_under_every_thread_order(binaries, schedule):
+    # Correct kernels must not depend on the order the emulator runs threads in (the fault cases
+    # are excluded: they are still caught, but which lane is named first depends on the order).
+    cases = [c for c in CASES
+             if not c.startswith("bug_") and c != "schedule_orders_expose_missing_syncthreads"]
+    env = dict(os.environ, W4K_SIMT_SCHEDULE=schedule, W4K_SIMT_SEED="11")
+    r = subprocess.run([binaries["plain"], *cases], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvcc_compiles_every_wrapper(tmp_path, arch):

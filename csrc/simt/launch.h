@@ -21,6 +21,16 @@ inline int num_workers() {
   return std::max(1, n);
 }
 
+// W4K_SIMT_SCHEDULE=forward (default) | reverse | shuffle: thread order within a block.
+inline int schedule_from_env() {
+  const char* v = std::getenv("W4K_SIMT_SCHEDULE");
+  if (!v || !*v || std::strcmp(v, "forward") == 0) return 0;
+  if (std::strcmp(v, "reverse") == 0) return 1;
+  if (std::strcmp(v, "shuffle") == 0) return 2;
+  throw std::invalid_argument(std::string("W4K_SIMT_SCHEDULE must be forward, reverse or ") +
+                              "shuffle, got '" + v + "'");
+}
+
 struct FuncAttributes {
   std::mutex mu;
   std::map<const void*, int> max_dynamic_smem;
@@ -171,6 +181,8 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   L.smem_bytes = smem;
   L.nblocks = int64_t(grid.x) * grid.y * grid.z;
   L.spin_timeout_s = env_int("W4K_SIMT_SPIN_TIMEOUT_S", 30);
+  L.schedule = schedule_from_env();
+  L.seed = env_int("W4K_SIMT_SEED", 0);
   run_grid(L);
 }
 

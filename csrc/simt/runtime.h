@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -167,6 +168,8 @@ struct Launch {
   std::atomic<bool> abort{false};
   std::exception_ptr error;
   double spin_timeout_s = 30;
+  int schedule = 0;  // 0 forward, 1 reverse, 2 shuffled (see Block::run)
+  int seed = 0;
 
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -517,10 +520,19 @@ inline void Block::run() {
   auto stall_start = std::chrono::steady_clock::now();
   bool stalling = false;
   int backoff_us = 20;
+  // Thread order of each scheduling round (W4K_SIMT_SCHEDULE): forward, reverse, or a fresh
+  // random permutation per round. Race-free kernels give the same result under all three; a
+  // missing __syncthreads usually shows up as poison under at least one of them.
+  std::vector<int> order(size_t(nthreads), 0);
+  for (int t = 0; t < nthreads; ++t)
+    order[size_t(t)] = launch->schedule == 1 ? nthreads - 1 - t : t;
+  std::minstd_rand rng(uint32_t(launch->seed) * 7919u + block_idx.x * 31u + block_idx.y * 17u +
+                       block_idx.z);
   for (;;) {
     bool any_ran = false, only_repeated_spins = true, long_spin = false;
     int live = 0;
-    for (int t = 0; t < nthreads; ++t) {
+    if (launch->schedule == 2) std::shuffle(order.begin(), order.end(), rng);
+    for (int t : order) {
       Fiber& f = fibers[t];
       if (f.state == FiberState::Ready) {
         any_ran = true;

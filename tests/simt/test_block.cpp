@@ -381,3 +381,38 @@ TEST(fiber_stacks_hold_large_locals) {
   for (int i = 0; i < 16384; i += 1000) base += i;
   for (int t = 0; t < 64; ++t) CHECK_EQ(out[t], base * t);
 }
+
+namespace {
+// Missing __syncthreads: thread t reads what thread t-1 wrote. The default forward order runs
+// t-1 first and hides the race; the reverse and shuffled orders read the poison fill.
+__global__ void missing_barrier_kernel(float* out) {
+  W4K_EXTERN_SHARED(float, sh);
+  const int t = int(threadIdx.x);
+  sh[t] = float(t);
+  out[t] = sh[t > 0 ? t - 1 : 0];
+}
+int nan_count(const char* schedule) {
+  setenv("W4K_SIMT_SCHEDULE", schedule, 1);
+  std::vector<float> out(64, 0.f);
+  W4K_LAUNCH(missing_barrier_kernel, dim3(1), dim3(64), 64 * sizeof(float), nullptr, out.data());
+  unsetenv("W4K_SIMT_SCHEDULE");
+  int nans = 0;
+  for (float x : out) nans += std::isnan(x);
+  return nans;
+}
+}  // namespace
+
+TEST(schedule_orders_expose_missing_syncthreads) {
+  CHECK_EQ(nan_count("forward"), 0);
+  CHECK_EQ(nan_count("reverse"), 63);
+  CHECK(nan_count("shuffle") > 0);
+  std::string msg;
+  setenv("W4K_SIMT_SCHEDULE", "sideways", 1);
+  try {
+    nan_count("sideways");
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  unsetenv("W4K_SIMT_SCHEDULE");
+  CHECK_CONTAINS(msg, "W4K_SIMT_SCHEDULE must be forward, reverse or shuffle, got 'sideways'");
+}
