@@ -300,3 +300,38 @@ TEST(mma_m16n8k16_bf16_fragments_vs_float64) {
   for (uint32_t seed = 0; seed < 20; ++seed) check_mma<__nv_bfloat16, true>(false, seed);
   for (uint32_t seed = 0; seed < 5; ++seed) check_mma<__nv_bfloat16, true>(true, 100 + seed);
 }
+
+namespace {
+// The usual pipeline on static __shared__ (thread_local in the emulator): cp.async rows in,
+// wait, barrier, ldmatrix.x4 out. Lane l copies row l % 8 of matrix l / 8.
+__global__ void static_smem_pipeline_kernel(const uint4* rows, uint32_t* out) {
+  __shared__ uint4 tile[32];
+  const int lane = threadIdx.x;
+  w4k::ptx::cp_async16_ca(&tile[lane], &rows[lane]);
+  w4k::ptx::cp_async_commit_group();
+  w4k::ptx::cp_async_wait_group<0>();
+  __syncthreads();
+  uint32_t r[4];
+  w4k::ptx::ldmatrix_x4(r, &tile[lane]);
+  for (int i = 0; i < 4; ++i) out[128 * blockIdx.x + 4 * lane + i] = r[i];
+}
+}  // namespace
+
+TEST(cp_async_and_ldmatrix_on_static_shared) {
+  std::vector<uint4> rows(32);
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 8; ++r) {
+      uint16_t v[8];
+      for (int c = 0; c < 8; ++c) v[c] = uint16_t((i << 8) | (r << 4) | c);
+      std::memcpy(&rows[8 * i + r], v, 16);
+    }
+  std::vector<uint32_t> out(3 * 128);
+  W4K_LAUNCH(static_smem_pipeline_kernel, dim3(3), dim3(32), 0, nullptr, rows.data(),
+             out.data());
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 32; ++t)
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r = t / 4, c = 2 * (t % 4), base = uint32_t(i << 8) | (r << 4);
+        CHECK_EQ(out[128 * b + 4 * t + i], (base | c) | ((base | (c + 1)) << 16));
+      }
+}
