@@ -1,0 +1,350 @@
+// CPU kernel of w4a16_gemm: fp32 activations x Marlin int4 weight -> fp32 [M, N]. Torch-free:
+// raw pointers and sizes; the binding (w4a16_gemm.cpp) converts/permutes a, converts the scales
+// and the output, and runs `w4a16_gemm_cpu_chunks` over column chunks in parallel.
+//
+// Numerics (vLLM gptq_marlin_gemm): each weight is dequantized to the activation's half type,
+// w = half((q - z) * s) with ONE round-to-nearest-even ((q - z) * s is exact in fp32: a 5-bit
+// integer times an 11-bit (fp16) or 8-bit (bf16) significand), then the products a * w are
+// accumulated in fp32. The binding rounds the fp32 result (+ bias) to half once.
+//
+// Work unit: one 64-column chunk (Marlin words [kt, 128*ch .. 128*ch + 127] for every k-tile kt)
+// times a range of rows of a. Per k-tile the 128 words decode into a 16 x 64 fp32 block `wbuf`
+// whose columns are a fixed permutation (`colperm`) of the chunk's 64 columns, chosen so the
+// AVX-512 decode needs no scatter; the accumulators use the same column order and are
+// un-permuted when the chunk is written out.
+//
+// Marlin chunk layout (derived from vLLM's weight perm; tests check it against golden vectors):
+// word w = 16c + 4t + j (c = 0..7, t = 0..3, j = 0..3 is the 16x16 tile, i.e. columns 16j..),
+// nibble e (bits 4e..4e+3) holds
+//     row = 2t + (e >> 2) + 8 * (e & 1),   col = 16j + c + 8 * ((e >> 1) & 1).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define W4K_HAVE_AVX512_PATH 1
+#include <immintrin.h>  // intrinsics are used only inside target("avx512f") functions
+#endif
+
+namespace w4k::cpu {
+
+enum class HalfType { kFloat16, kBFloat16 };
+
+struct W4a16GemmProblem {
+  const float* a;              // [size_m, size_k] fp32, row stride lda; act-order already applied
+  int64_t lda;
+  const int32_t* b_q_weight;   // [size_k / 16, 2 * size_n], Marlin layout
+  const float* scales;         // [num_groups, size_n], Marlin-permuted, values of b_scales
+  const int32_t* zeros;        // [num_groups, size_n / 8] Marlin zero points, or nullptr (z = 8)
+  const int32_t* g_idx;        // [size_k] group of each Marlin row (sorted), or nullptr
+  const float* bias;           // [size_n] or nullptr
+  float* c;                    // [size_m, size_n] fp32 result, row stride size_n
+  int64_t size_m, size_n, size_k;
+  int64_t num_groups;          // G, rows of scales (and zeros)
+  int64_t group_size;          // rows per group when g_idx == nullptr (K / G; K for G == 1)
+  HalfType weight_type;        // the half type w is rounded to (= a's dtype)
+};
+
+// ---- layout tables ---------------------------------------------------------------------------
+
+// All per-chunk index maps, built once from the formulas (never per element).
+struct MarlinChunkTables {
+  int8_t colperm[64];        // wbuf column x -> chunk column n
+  int8_t scale_src64[64];    // chunk column n -> position in its permuted 64-chunk (G > 1)
+  int8_t scale_src32[32];    // column n of a 32-chunk -> position in permuted 32-chunk (G == 1)
+  int8_t zp_word[64];        // chunk column n -> word (0..7) of the chunk's zero-point words
+  int8_t zp_shift[64];       // ... and the bit offset of its nibble
+  int8_t wsrc_word[16][64];  // (row, wbuf column x) -> word 0..127 of the chunk (generic path)
+  int8_t wsrc_shift[16][64]; // ... and the bit offset of its nibble
+
+  MarlinChunkTables() {
+    // wbuf column x = 16q + L, q = 2*cg + b2, L = 4*cl + j  <->  col = 16j + 4cg + cl + 8*b2
+    // (the AVX-512 decode transposes 128-bit blocks so a vector holds one row: see below).
+    for (int x = 0; x < 64; ++x) {
+      int q = x / 16, lane = x % 16, cg = q / 2, b2 = q % 2, cl = lane / 4, j = lane % 4;
+      colperm[x] = static_cast<int8_t>(16 * j + 4 * cg + cl + 8 * b2);
+    }
+    // Marlin scale perms: permuted[x] = orig[perm[x]], so orig column perm[x] sits at x.
+    for (int i = 0; i < 8; ++i)
+      for (int j = 0; j < 8; ++j) scale_src64[i + 8 * j] = static_cast<int8_t>(8 * i + j);
+    const int single[8] = {0, 1, 8, 9, 16, 17, 24, 25};
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 8; ++j) scale_src32[2 * i + single[j]] = static_cast<int8_t>(8 * i + j);
+    // Zero points: 64-perm, then per 8 columns nibble i holds position 8a + [0,2,4,6,1,3,5,7][i].
+    const int awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // inverse of [0,2,4,6,1,3,5,7]
+    for (int n = 0; n < 64; ++n) {
+      int x = scale_src64[n];
+      zp_word[n] = static_cast<int8_t>(x / 8);
+      zp_shift[n] = static_cast<int8_t>(4 * awq_nibble[x % 8]);
+    }
+    for (int w = 0; w < 128; ++w) {
+      int c = w / 16, t = (w / 4) % 4, j = w % 4;
+      for (int e = 0; e < 8; ++e) {
+        int row = 2 * t + (e >> 2) + 8 * (e & 1);
+        int col = 16 * j + c + 8 * ((e >> 1) & 1);
+        int x = wbuf_column(col);
+        wsrc_word[row][x] = static_cast<int8_t>(w);
+        wsrc_shift[row][x] = static_cast<int8_t>(4 * e);
+      }
+    }
+  }
+  int wbuf_column(int col) const {
+    for (int x = 0; x < 64; ++x)
+      if (colperm[x] == col) return x;
+    return -1;
+  }
+};
+
+inline const MarlinChunkTables& chunk_tables() {
+  static const MarlinChunkTables tables;
+  return tables;
+}
+
+// ---- scalar half-precision rounding (generic path; AVX-512 uses vcvtps2ph) ---------------------
+
+inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float f32_from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// Round a float to the nearest fp16 value (ties to even, subnormals, overflow to inf), as float.
+inline float round_to_fp16(float f) {
+  uint32_t x = f32_bits(f);
+  uint32_t sign = x & 0x80000000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return f;                              // inf / nan
+  if (ax >= 0x477ff000u) return f32_from_bits(sign | 0x7f800000u);  // >= 65520 -> inf
+  if (ax < 0x38800000u) {                                       // below 2^-14: fp16 subnormal
+    float units = std::nearbyint(std::fabs(f) * 0x1p24f);       // multiples of 2^-24, RNE
+    return f32_from_bits(sign | f32_bits(units * 0x1p-24f));
+  }
+  uint32_t lsb = (ax >> 13) & 1u;                               // keep 10 mantissa bits, RNE
+  return f32_from_bits(sign | ((ax + 0xfffu + lsb) & ~0x1fffu));
+}
+
+inline float round_to_bf16(float f) {
+  uint32_t x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return f;                // nan stays nan
+  return f32_from_bits((x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u);
+}
+
+// ---- generic path (plain C++, auto-vectorized at -O3) ------------------------------------------
+
+// One k-tile (16 rows) of chunk words -> wbuf[16][64] (permuted columns). srow[r] / zrow[r]:
+// decoded scales / zero points (wbuf column order) of row r's group; zrow == nullptr -> z = 8.
+inline void dequant_tile_generic(const int32_t* words, const float* const* srow,
+                                 const float* const* zrow, HalfType type, float* wbuf) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int r = 0; r < 16; ++r) {
+    for (int x = 0; x < 64; ++x) {
+      int q = (static_cast<uint32_t>(words[tb.wsrc_word[r][x]]) >> tb.wsrc_shift[r][x]) & 0xf;
+      float z = zrow ? zrow[r][x] : 8.0f;
+      float w = (static_cast<float>(q) - z) * srow[r][x];  // exact in fp32
+      wbuf[r * 64 + x] = type == HalfType::kFloat16 ? round_to_fp16(w) : round_to_bf16(w);
+    }
+  }
+}
+
+// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64] for rows i < rows.
+inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_t kc,
+                          float* acc, int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* acc_row = acc + i * 64;
+    for (int64_t k = 0; k < kc; ++k) {
+      const float av = a[i * lda + k];
+      const float* w_row = wbuf + k * 64;
+      for (int x = 0; x < 64; ++x) acc_row[x] += av * w_row[x];
+    }
+  }
+}
+
+// ---- AVX-512 path ------------------------------------------------------------------------------
+
+#ifdef W4K_HAVE_AVX512_PATH
+// GCC 12's avx512fintrin.h initializes its "undefined" vectors from themselves (__Y = __Y),
+// which -Wuninitialized reports wherever _mm512_shuffle_i32x4 & co. get inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Words 16c .. 16c + 15 load as one vector with lane 4t + j (128-bit block t). Transposing
+// 128-bit blocks of the four vectors c = 4cg .. 4cg + 3 gives v[t] with block cl = c - 4cg and
+// lane 4cl + j: every nibble e of v[t] then belongs to ONE row, 2t + (e >> 2) + 8(e & 1), and
+// its 16 lanes are wbuf columns 16q + lane, q = 2cg + ((e >> 1) & 1) (see MarlinChunkTables).
+template <bool kZp, bool kFp16>
+__attribute__((target("avx512f"))) void dequant_tile_avx512(const int32_t* words,
+                                                            const float* const* srow,
+                                                            const float* const* zrow,
+                                                            float* wbuf) {
+  // vpermps indexes with the low 4 bits only, so it also masks the shifted nibble.
+  const __m512 code = kZp ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                          : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  for (int cg = 0; cg < 2; ++cg) {
+    const int32_t* wg = words + 64 * cg;
+    __m512i z0 = _mm512_loadu_si512(wg), z1 = _mm512_loadu_si512(wg + 16);
+    __m512i z2 = _mm512_loadu_si512(wg + 32), z3 = _mm512_loadu_si512(wg + 48);
+    __m512i t0 = _mm512_shuffle_i32x4(z0, z1, 0x44), t1 = _mm512_shuffle_i32x4(z0, z1, 0xee);
+    __m512i t2 = _mm512_shuffle_i32x4(z2, z3, 0x44), t3 = _mm512_shuffle_i32x4(z2, z3, 0xee);
+    __m512i v[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xdd),
+                    _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xdd)};
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+#pragma GCC unroll 8
+      for (int e = 0; e < 8; ++e) {
+        const int row = 2 * t + (e >> 2) + 8 * (e & 1);
+        const int x0 = 16 * (2 * cg + ((e >> 1) & 1));
+        __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(v[t], 4 * e), code);
+        if (kZp) w = _mm512_sub_ps(w, _mm512_loadu_ps(zrow[row] + x0));
+        w = _mm512_mul_ps(w, _mm512_loadu_ps(srow[row] + x0));  // exact in fp32
+        if (kFp16) {
+          w = _mm512_cvtph_ps(_mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        } else {  // bf16 round-to-nearest-even on the bits (finite values; nan stays nan)
+          __m512i b = _mm512_castps_si512(w);
+          __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+          b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+          w = _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+        }
+        _mm512_storeu_ps(wbuf + row * 64 + x0, w);
+      }
+    }
+  }
+}
+
+// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64], MR rows held in 4 * MR registers.
+template <int MR>
+__attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda,
+                                                     const float* wbuf, int64_t kc,
+                                                     float* acc) {
+  __m512 c[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < 4; ++q) c[i][q] = _mm512_loadu_ps(acc + i * 64 + 16 * q);
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* w_row = wbuf + k * 64;
+    __m512 w0 = _mm512_loadu_ps(w_row), w1 = _mm512_loadu_ps(w_row + 16);
+    __m512 w2 = _mm512_loadu_ps(w_row + 32), w3 = _mm512_loadu_ps(w_row + 48);
+    for (int i = 0; i < MR; ++i) {
+      __m512 av = _mm512_set1_ps(a[i * lda + k]);
+      c[i][0] = _mm512_fmadd_ps(av, w0, c[i][0]);
+      c[i][1] = _mm512_fmadd_ps(av, w1, c[i][1]);
+      c[i][2] = _mm512_fmadd_ps(av, w2, c[i][2]);
+      c[i][3] = _mm512_fmadd_ps(av, w3, c[i][3]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + i * 64 + 16 * q, c[i][q]);
+}
+
+__attribute__((target("avx512f"))) inline void micro_avx512_rows(const float* a, int64_t lda,
+                                                                 const float* wbuf, int64_t kc,
+                                                                 float* acc, int64_t rows) {
+  constexpr int kMr = 6;  // 24 accumulators + 4 weight vectors + 1 broadcast of 32 registers
+  int64_t i = 0;
+  for (; i + kMr <= rows; i += kMr) micro_avx512<kMr>(a + i * lda, lda, wbuf, kc, acc + i * 64);
+  switch (rows - i) {
+    case 5: micro_avx512<5>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
+    case 4: micro_avx512<4>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
+    case 3: micro_avx512<3>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
+    case 2: micro_avx512<2>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
+    case 1: micro_avx512<1>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
+    default: break;
+  }
+}
+#pragma GCC diagnostic pop
+#endif  // W4K_HAVE_AVX512_PATH
+
+// ---- driver ------------------------------------------------------------------------------------
+
+enum class CpuIsa { kGeneric, kAvx512 };
+
+// AVX-512 when the CPU has it, unless the environment says W4K_W4A16_ISA=generic (tests use
+// this to cover the portable path on an AVX-512 machine).
+inline CpuIsa w4a16_gemm_cpu_isa() {
+  const char* force = std::getenv("W4K_W4A16_ISA");
+  if (force && std::strcmp(force, "generic") == 0) return CpuIsa::kGeneric;
+#ifdef W4K_HAVE_AVX512_PATH
+  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+#endif
+  return CpuIsa::kGeneric;
+}
+
+// Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
+// scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
+// chunk) and per 32 columns when G == 1.
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const float* s_row = p.scales + g * p.size_n + 64 * ch;
+    for (int x = 0; x < 64; ++x) {
+      int n = tb.colperm[x];
+      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
+      sc[g * 64 + x] = s_row[src];
+      if (zf) {
+        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
+        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
+        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
+      }
+    }
+  }
+}
+
+// c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
+// Returns 0 (no failure mode once the binding has checked the arguments).
+inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
+                                 int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
+  constexpr int64_t kKc = 128;  // rows of K per dequantized block: 128 x 64 fp32 = 32 KiB
+  const MarlinChunkTables& tb = chunk_tables();
+  const int64_t rows = m1 - m0;
+  const bool has_zp = p.zeros != nullptr;
+  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
+  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
+  const float* srow[16];
+  const float* zrow[16];
+  for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
+    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
+      const int64_t kc = std::min(kKc, p.size_k - kb);
+      for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
+        for (int r = 0; r < 16; ++r) {
+          int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
+          srow[r] = sc.data() + g * 64;
+          zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
+        }
+        const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        float* w_tile = wbuf.data() + (k0 - kb) * 64;
+#ifdef W4K_HAVE_AVX512_PATH
+        if (isa == CpuIsa::kAvx512) {
+          const bool fp16 = p.weight_type == HalfType::kFloat16;
+          if (has_zp && fp16) dequant_tile_avx512<true, true>(words, srow, zrow, w_tile);
+          else if (has_zp) dequant_tile_avx512<true, false>(words, srow, zrow, w_tile);
+          else if (fp16) dequant_tile_avx512<false, true>(words, srow, zrow, w_tile);
+          else dequant_tile_avx512<false, false>(words, srow, zrow, w_tile);
+          continue;
+        }
+#endif
+        dequant_tile_generic(words, srow, has_zp ? zrow : nullptr, p.weight_type, w_tile);
+      }
+      const float* a_block = p.a + m0 * p.lda + kb;
+#ifdef W4K_HAVE_AVX512_PATH
+      if (isa == CpuIsa::kAvx512) {
+        micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+        continue;
+      }
+#endif
+      micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+      const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+      for (int x = 0; x < 64; ++x) {
+        int n = tb.colperm[x];
+        c_row[n] = acc[i * 64 + x] + (bias ? bias[n] : 0.0f);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace w4k::cpu
