@@ -86,13 +86,13 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   if (args.has_act_order) {
     check_int32_operand(op, "g_idx", *g_idx, device, a, {size_k});
     check_int32_operand(op, "perm", *perm, device, a, {size_k});
-    check_index_range(op, "perm", *perm, size_k);
-    check_index_range(op, "g_idx", *g_idx, args.num_groups);
     // A full-K act-order layer has K / G rows per group (vLLM derives group_size from it).
     if (is_k_full)
       TORCH_CHECK(size_k % args.num_groups == 0, op, ": with act-order and is_k_full, the ",
                   "number of groups (b_scales.size(0) = ", args.num_groups,
                   ") must divide size_k = ", size_k);
+    check_index_range(op, "perm", *perm, size_k);
+    check_index_range(op, "g_idx", *g_idx, args.num_groups);
     args.group_size = 0;
   } else {
     TORCH_CHECK(size_k % args.num_groups == 0, op, ": the number of groups (b_scales.size(0) = ",

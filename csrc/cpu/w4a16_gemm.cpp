@@ -28,10 +28,15 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
   if (size_m == 0) return at::empty({0, size_n}, a.options());
 
-  // a_perm[:, r] = a[:, perm[r]] in fp32, contiguous (also handles a row stride > K).
-  at::Tensor a32 = args.has_act_order
-                       ? a.index_select(1, perm->to(at::kLong)).to(at::kFloat).contiguous()
-                       : a.to(at::kFloat).contiguous();
+  // a_perm[:, r] = a[:, perm[r]] in fp32 (this also absorbs a row stride > K). The fp32 copy
+  // gets a row stride of K + 16: with K a multiple of 1024, rows K floats apart would all map to
+  // the same L1 sets, and the microkernel reads 6 rows at once.
+  const int64_t lda = size_k + 16;
+  at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat)).narrow(1, 0, size_k);
+  if (args.has_act_order)
+    a32.copy_(a.index_select(1, perm->to(at::kLong)));
+  else
+    a32.copy_(a);
   at::Tensor scales32 = b_scales.to(at::kFloat).contiguous();
   at::Tensor bias32;
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();
@@ -39,7 +44,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
 
   cpu::W4a16GemmProblem p{};
   p.a = a32.data_ptr<float>();
-  p.lda = size_k;
+  p.lda = lda;
   p.b_q_weight = b_q_weight.data_ptr<int32_t>();
   p.scales = scales32.data_ptr<float>();
   p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;

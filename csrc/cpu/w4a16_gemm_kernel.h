@@ -293,7 +293,7 @@ inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
-  constexpr int64_t kKc = 128;  // rows of K per dequantized block: 128 x 64 fp32 = 32 KiB
+  constexpr int64_t kKc = 64;  // rows of K per dequantized block: 64 x 64 fp32 = 16 KiB (half of L1)
   const MarlinChunkTables& tb = chunk_tables();
   const int64_t rows = m1 - m0;
   const bool has_zp = p.zeros != nullptr;
