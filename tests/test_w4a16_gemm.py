@@ -134,15 +134,28 @@ def test_shapes(backend, dtype, m, size_k, size_n, group_size):
 @pytest.mark.parametrize("act_order", [None, "k_full", "shard"], ids=["noact", "act", "shard"])
 @pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_options(backend, dtype, group_size, act_order, zp, bias):
-    """Act-order (full K and row-parallel shard), zero points and bias, at an odd M that leaves
-    a remainder after the 6-row register blocks. Act-order + zero points is not a vLLM
-    combination but the formula is the same, so it is tested too."""
+@pytest.mark.parametrize("m", [3, 33])
+def test_options(backend, m, dtype, group_size, act_order, zp, bias):
+    """Act-order (full K and row-parallel shard), zero points and bias. M = 3 takes the CPU
+    kernel's small-M (lookup-table) path, M = 33 its blocked path with a remainder after the
+    6-row register blocks. Act-order + zero points is not a vLLM combination but the formula
+    is the same, so it is tested too."""
     b = backend_or_skip(backend, OP)
     if act_order == "shard" and group_size == -1:
         pytest.skip("a sharded act-order layer has more than one group")
-    check_against_reference(b, make_case(33, 256, 192, group_size, dtype, act_order, zp, bias,
+    check_against_reference(b, make_case(m, 256, 192, group_size, dtype, act_order, zp, bias,
                                          seed=7))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("lut_rows", ["0", "8"], ids=["blocked", "lut"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, m):
+    """Both AVX-512 small-M variants (lookup tables and the blocked dequantize-then-FMA path,
+    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias."""
+    b = backend_or_skip("cpu", OP)
+    monkeypatch.setenv("W4K_W4A16_LUT_ROWS", lut_rows)
+    check_against_reference(b, make_case(m, 512, 128, 64, dtype, zp=True, bias=True, seed=m))
 
 
 LLAMA_CASES = [  # (dtype, variant, m); the float64 reference of this shape takes seconds

@@ -55,6 +55,7 @@ struct W4a16GemmProblem {
 // All per-chunk index maps, built once from the formulas (never per element).
 struct MarlinChunkTables {
   int8_t colperm[64];        // wbuf column x -> chunk column n
+  int8_t xcol[64];           // chunk column n -> wbuf column x (inverse of colperm)
   int8_t scale_src64[64];    // chunk column n -> position in its permuted 64-chunk (G > 1)
   int8_t scale_src32[32];    // column n of a 32-chunk -> position in permuted 32-chunk (G == 1)
   int8_t zp_word[64];        // chunk column n -> word (0..7) of the chunk's zero-point words
@@ -68,6 +69,7 @@ struct MarlinChunkTables {
     for (int x = 0; x < 64; ++x) {
       int q = x / 16, lane = x % 16, cg = q / 2, b2 = q % 2, cl = lane / 4, j = lane % 4;
       colperm[x] = static_cast<int8_t>(16 * j + 4 * cg + cl + 8 * b2);
+      xcol[colperm[x]] = static_cast<int8_t>(x);
     }
     // Marlin scale perms: permuted[x] = orig[perm[x]], so orig column perm[x] sits at x.
     for (int i = 0; i < 8; ++i)
@@ -87,16 +89,11 @@ struct MarlinChunkTables {
       for (int e = 0; e < 8; ++e) {
         int row = 2 * t + (e >> 2) + 8 * (e & 1);
         int col = 16 * j + c + 8 * ((e >> 1) & 1);
-        int x = wbuf_column(col);
+        int x = xcol[col];
         wsrc_word[row][x] = static_cast<int8_t>(w);
         wsrc_shift[row][x] = static_cast<int8_t>(4 * e);
       }
     }
-  }
-  int wbuf_column(int col) const {
-    for (int x = 0; x < 64; ++x)
-      if (colperm[x] == col) return x;
-    return -1;
   }
 };
 
@@ -251,6 +248,154 @@ __attribute__((target("avx512f"))) inline void micro_avx512_rows(const float* a,
     default: break;
   }
 }
+
+// ---- AVX-512 small-M path: per-column lookup tables --------------------------------------------
+//
+// With few rows of a, decoding dominates. A column n of group g has only 16 possible weights,
+// lut[g][n][code] = half((code - z) * s), so decoding 16 weights of one column is one vpermps
+// once their 16 codes sit in one vector. Words 16c .. 16c + 15 (lane 4t + j) hold 16 rows x 8
+// columns (16j + c + 8*b2): row r of column (j, b2) is nibble e = 4(r % 2) + 2*b2 + r / 8 of
+// word lane 4((r % 8) / 2) + j. So per column: vpermd (select the words), vpsrlvd (the nibbles),
+// vpermps (the table) give w[16 rows] of that column, and acc[col] += a[k0 .. k0+15] * w keeps
+// 16 partial sums per column that are added up at the end.
+
+// lut[(g - g_first) * 1024 + n * 16 + code] for groups [g_first, g_last], chunk columns n.
+template <bool kFp16>
+__attribute__((target("avx512f"))) void build_luts_avx512(const float* sc, const float* zf,
+                                                          int64_t g_first, int64_t g_last,
+                                                          float* lut) {
+  const MarlinChunkTables& tb = chunk_tables();
+  const __m512 code = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t g = g_first; g <= g_last; ++g) {
+    for (int n = 0; n < 64; ++n) {
+      const int x = tb.xcol[n];
+      __m512 z = _mm512_set1_ps(zf ? zf[g * 64 + x] : 8.0f);
+      __m512 w = _mm512_mul_ps(_mm512_sub_ps(code, z), _mm512_set1_ps(sc[g * 64 + x]));
+      if (kFp16) {
+        w = _mm512_cvtph_ps(_mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      } else {
+        __m512i b = _mm512_castps_si512(w);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+        b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+        w = _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+      }
+      _mm512_storeu_ps(lut + (g - g_first) * 1024 + n * 16, w);
+    }
+  }
+}
+
+// MR rows of a x NC columns {16j + c + 8*b2 : j0 <= j < j0 + NC/2, b2 = 0, 1} over tiles
+// [kt0, kt1). acc + i * acc_stride + 16 * cc (cc = 2(j - j0) + b2): 16-lane partial sums.
+template <int MR, int NC>
+__attribute__((target("avx512f"))) void lut_pass_avx512(
+    const float* a, int64_t lda, const int32_t* words, int64_t word_stride, int64_t kt0,
+    int64_t kt1, const float* lut, int64_t group_tiles, int64_t g_first, int c, int j0,
+    float* acc, int64_t acc_stride) {
+  __m512 acc_v[MR][NC];
+  for (int i = 0; i < MR; ++i)
+    for (int cc = 0; cc < NC; ++cc) acc_v[i][cc] = _mm512_loadu_ps(acc + i * acc_stride + 16 * cc);
+  // lane r (row r of the tile) of column (j, b2): word lane 4((r % 8) / 2) + j, bit offset
+  // 4(4(r % 2) + 2*b2 + r / 8)
+  const __m512i word_of_row = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 4, 4, 8, 8, 12, 12);
+  const __m512i shift0 = _mm512_setr_epi32(0, 16, 0, 16, 0, 16, 0, 16, 4, 20, 4, 20, 4, 20, 4, 20);
+  const __m512i shift1 = _mm512_add_epi32(shift0, _mm512_set1_epi32(8));
+  __m512i word_idx[NC / 2];
+  for (int jj = 0; jj < NC / 2; ++jj)
+    word_idx[jj] = _mm512_add_epi32(word_of_row, _mm512_set1_epi32(j0 + jj));
+  __m512 lut_v[NC];
+  int64_t g_loaded = -1;
+  for (int64_t kt = kt0; kt < kt1; ++kt) {
+    const int64_t g = kt / group_tiles;
+    if (g != g_loaded) {
+      for (int cc = 0; cc < NC; ++cc) {
+        const int col = 16 * (j0 + cc / 2) + c + 8 * (cc % 2);
+        lut_v[cc] = _mm512_loadu_ps(lut + (g - g_first) * 1024 + col * 16);
+      }
+      g_loaded = g;
+    }
+    const __m512i w_words = _mm512_loadu_si512(words + (kt - kt0) * word_stride);
+    __m512 av[MR];
+    for (int i = 0; i < MR; ++i) av[i] = _mm512_loadu_ps(a + i * lda + 16 * kt);
+    for (int jj = 0; jj < NC / 2; ++jj) {
+      const __m512i col_words = _mm512_permutexvar_epi32(word_idx[jj], w_words);
+      const __m512 w0 = _mm512_permutexvar_ps(_mm512_srlv_epi32(col_words, shift0), lut_v[2 * jj]);
+      const __m512 w1 = _mm512_permutexvar_ps(_mm512_srlv_epi32(col_words, shift1), lut_v[2 * jj + 1]);
+      for (int i = 0; i < MR; ++i) {
+        acc_v[i][2 * jj] = _mm512_fmadd_ps(av[i], w0, acc_v[i][2 * jj]);
+        acc_v[i][2 * jj + 1] = _mm512_fmadd_ps(av[i], w1, acc_v[i][2 * jj + 1]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int cc = 0; cc < NC; ++cc) _mm512_storeu_ps(acc + i * acc_stride + 16 * cc, acc_v[i][cc]);
+}
+
+// Row blocks of at most 4: (MR, NC) = (1..2, 8) or (3..4, 4) keeps MR * NC accumulators, NC
+// tables and MR rows of a within the 32 vector registers. acc[i][c][2j + b2][16] holds column
+// 16j + c + 8*b2 of row i (1024 floats per row).
+__attribute__((target("avx512f"))) inline void lut_tiles_avx512(
+    const float* a, int64_t lda, int64_t rows, const int32_t* words, int64_t word_stride,
+    int64_t kt0, int64_t kt1, const float* lut, int64_t group_tiles, int64_t g_first,
+    float* acc) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+    const int mr = static_cast<int>(std::min<int64_t>(4, rows - i0));
+    const float* ai = a + i0 * lda;
+    for (int c = 0; c < 8; ++c) {
+      const int32_t* wc = words + 16 * c;
+      float* acc_c = acc + i0 * 1024 + c * 128;
+      if (mr == 1) {
+        lut_pass_avx512<1, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, 0, acc_c, 1024);
+      } else if (mr == 2) {
+        lut_pass_avx512<2, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, 0, acc_c, 1024);
+      } else {
+        for (int j0 = 0; j0 < 4; j0 += 2) {
+          float* acc_j = acc_c + 32 * j0;
+          if (mr == 3)
+            lut_pass_avx512<3, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, j0, acc_j, 1024);
+          else
+            lut_pass_avx512<4, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, j0, acc_j, 1024);
+        }
+      }
+    }
+  }
+}
+
+// One chunk, rows [m0, m0 + rows), through the lookup-table path (no act-order, group_size a
+// multiple of 16 so a k-tile has one group). sc/zf: decode_chunk_groups output.
+template <bool kFp16>
+__attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem& p, int64_t ch,
+                                                         int64_t m0, int64_t rows,
+                                                         const float* sc, const float* zf,
+                                                         std::vector<float>& lut,
+                                                         std::vector<float>& acc) {
+  constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of this chunk's words
+  const int64_t group_tiles = p.group_size / 16, num_tiles = p.size_k / 16;
+  acc.assign(rows * 1024, 0.0f);
+  int64_t built_first = -1, built_last = -1;
+  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTilesPerBlock) {
+    const int64_t kt1 = std::min(num_tiles, kt0 + kTilesPerBlock);
+    const int64_t g_first = kt0 / group_tiles, g_last = (kt1 - 1) / group_tiles;
+    if (g_first != built_first || g_last != built_last) {
+      lut.resize((g_last - g_first + 1) * 1024);
+      build_luts_avx512<kFp16>(sc, zf, g_first, g_last, lut.data());
+      built_first = g_first;
+      built_last = g_last;
+    }
+    lut_tiles_avx512(p.a + m0 * p.lda, p.lda, rows, p.b_q_weight + kt0 * 2 * p.size_n + 128 * ch,
+                     2 * p.size_n, kt0, kt1, lut.data(), group_tiles, g_first, acc.data());
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+    for (int c = 0; c < 8; ++c)
+      for (int cc = 0; cc < 8; ++cc) {
+        const int col = 16 * (cc / 2) + c + 8 * (cc % 2);
+        const __m512 v = _mm512_loadu_ps(acc.data() + i * 1024 + c * 128 + cc * 16);
+        c_row[col] = _mm512_reduce_add_ps(v) + (bias ? bias[col] : 0.0f);
+      }
+  }
+}
+
 #pragma GCC diagnostic pop
 #endif  // W4K_HAVE_AVX512_PATH
 
@@ -291,6 +436,13 @@ inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc
 
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
 // Returns 0 (no failure mode once the binding has checked the arguments).
+// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512);
+// W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
+inline int64_t w4a16_gemm_lut_max_rows() {
+  const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
+  return env ? std::atoll(env) : 8;
+}
+
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
   constexpr int64_t kKc = 64;  // rows of K per dequantized block: 64 x 64 fp32 = 16 KiB (half of L1)
@@ -301,8 +453,22 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   const float* srow[16];
   const float* zrow[16];
+  // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
+  const bool use_lut = isa == CpuIsa::kAvx512 && p.g_idx == nullptr && p.group_size % 16 == 0 &&
+                       rows <= w4a16_gemm_lut_max_rows();
+  std::vector<float> lut, lut_acc;
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr);
+#ifdef W4K_HAVE_AVX512_PATH
+    if (use_lut) {
+      const float* z = has_zp ? zf.data() : nullptr;
+      if (p.weight_type == HalfType::kFloat16)
+        lut_chunk_avx512<true>(p, ch, m0, rows, sc.data(), z, lut, lut_acc);
+      else
+        lut_chunk_avx512<false>(p, ch, m0, rows, sc.data(), z, lut, lut_acc);
+      continue;
+    }
+#endif
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
       const int64_t kc = std::min(kKc, p.size_k - kb);
