@@ -179,10 +179,12 @@ def test_llama_mlp_shape(backend, dtype, variant, m):
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("config", ["g64", "g-1_zp_bias", "act_shard"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_generic_path(monkeypatch, dtype, config, m):
-    """The portable (non-AVX-512) kernel, forced through W4K_W4A16_ISA=generic."""
+@pytest.mark.parametrize("isa", ["generic", "avx512"])
+def test_capped_isa(monkeypatch, isa, dtype, config, m):
+    """The kernel paths a machine without AVX-512 (generic: portable C++) or without AVX512-BF16
+    (avx512: fp32 FMAs for bf16 too) would run, forced through W4K_W4A16_ISA."""
     b = backend_or_skip("cpu", OP)
-    monkeypatch.setenv("W4K_W4A16_ISA", "generic")
+    monkeypatch.setenv("W4K_W4A16_ISA", isa)
     args = {"g64": (64, None, False, False), "g-1_zp_bias": (-1, None, True, True),
             "act_shard": (32, "shard", False, True)}[config]
     check_against_reference(b, make_case(m, 256, 128, args[0], dtype, *args[1:], seed=3))

@@ -37,6 +37,10 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
     a32.copy_(a.index_select(1, perm->to(at::kLong)));
   else
     a32.copy_(a);
+  // bf16 activations also go to the kernel as bf16 (its vdpbf16ps path reads pairs of them).
+  at::Tensor a_bf16;
+  if (a.scalar_type() == at::kBFloat16)
+    a_bf16 = args.has_act_order ? a.index_select(1, perm->to(at::kLong)).contiguous() : a;
   at::Tensor scales32 = b_scales.to(at::kFloat).contiguous();
   at::Tensor bias32;
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();
@@ -45,6 +49,10 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   cpu::W4a16GemmProblem p{};
   p.a = a32.data_ptr<float>();
   p.lda = lda;
+  if (a_bf16.defined()) {
+    p.a_bf16 = reinterpret_cast<const uint16_t*>(a_bf16.data_ptr<at::BFloat16>());
+    p.lda_bf16 = a_bf16.stride(0);
+  }
   p.b_q_weight = b_q_weight.data_ptr<int32_t>();
   p.scales = scales32.data_ptr<float>();
   p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;

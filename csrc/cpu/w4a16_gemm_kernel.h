@@ -38,6 +38,8 @@ enum class HalfType { kFloat16, kBFloat16 };
 struct W4a16GemmProblem {
   const float* a;              // [size_m, size_k] fp32, row stride lda; act-order already applied
   int64_t lda;
+  const uint16_t* a_bf16;      // the same rows as bf16 bits (bf16 activations only) or nullptr
+  int64_t lda_bf16;
   const int32_t* b_q_weight;   // [size_k / 16, 2 * size_n], Marlin layout
   const float* scales;         // [num_groups, size_n], Marlin-permuted, values of b_scales
   const int32_t* zeros;        // [num_groups, size_n / 8] Marlin zero points, or nullptr (z = 8)
@@ -249,6 +251,103 @@ __attribute__((target("avx512f"))) inline void micro_avx512_rows(const float* a,
   }
 }
 
+// ---- AVX-512 BF16 path: bf16 activations, two k-rows per vdpbf16ps ----------------------------
+//
+// With bf16 activations and weights rounded to bf16, every product a * w is exact in fp32, and
+// vdpbf16ps adds two of them per lane into the fp32 accumulator: the same numerics as two
+// fp32 FMAs (except that bf16/fp32 subnormals are flushed, an error below 2^-126 * |w|) at
+// twice the rate. wbuf then holds row pairs: lane x of pair row P is the bf16 of rows 2P
+// (low half) and 2P + 1 (high half) in wbuf column x. In the transposed words (see
+// dequant_tile_avx512) rows 2t + 8*b1 and 2t + 8*b1 + 1 are nibbles e and e + 4 of v[t].
+
+__attribute__((target("avx512f"))) inline __m512i bf16_rne_bits(__m512 w) {
+  __m512i b = _mm512_castps_si512(w);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));  // bf16 in high half
+}
+
+template <bool kZp>
+__attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t* words,
+                                                                  const float* const* srow,
+                                                                  const float* const* zrow,
+                                                                  uint32_t* wpairs) {
+  const __m512 code = kZp ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                          : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int cg = 0; cg < 2; ++cg) {
+    const int32_t* wg = words + 64 * cg;
+    __m512i z0 = _mm512_loadu_si512(wg), z1 = _mm512_loadu_si512(wg + 16);
+    __m512i z2 = _mm512_loadu_si512(wg + 32), z3 = _mm512_loadu_si512(wg + 48);
+    __m512i t0 = _mm512_shuffle_i32x4(z0, z1, 0x44), t1 = _mm512_shuffle_i32x4(z0, z1, 0xee);
+    __m512i t2 = _mm512_shuffle_i32x4(z2, z3, 0x44), t3 = _mm512_shuffle_i32x4(z2, z3, 0xee);
+    __m512i v[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xdd),
+                    _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xdd)};
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+#pragma GCC unroll 4
+      for (int e = 0; e < 4; ++e) {  // e: even row 2t + 8(e & 1), odd row = nibble e + 4
+        const int row = 2 * t + 8 * (e & 1);
+        const int x0 = 16 * (2 * cg + ((e >> 1) & 1));
+        __m512 w_even = _mm512_permutexvar_ps(_mm512_srli_epi32(v[t], 4 * e), code);
+        __m512 w_odd = _mm512_permutexvar_ps(_mm512_srli_epi32(v[t], 4 * e + 16), code);
+        if (kZp) {
+          w_even = _mm512_sub_ps(w_even, _mm512_loadu_ps(zrow[row] + x0));
+          w_odd = _mm512_sub_ps(w_odd, _mm512_loadu_ps(zrow[row + 1] + x0));
+        }
+        w_even = _mm512_mul_ps(w_even, _mm512_loadu_ps(srow[row] + x0));
+        w_odd = _mm512_mul_ps(w_odd, _mm512_loadu_ps(srow[row + 1] + x0));
+        // (odd & 0xffff0000) | (even >> 16): imm 0xd8 = "c ? b : a" bitwise
+        __m512i pair = _mm512_ternarylogic_epi32(_mm512_srli_epi32(bf16_rne_bits(w_even), 16),
+                                                 bf16_rne_bits(w_odd), high, 0xd8);
+        _mm512_storeu_si512(wpairs + (row / 2) * 64 + x0, pair);
+      }
+    }
+  }
+}
+
+// acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64]; a is bf16 (uint16 bits), kc even.
+template <int MR>
+__attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(
+    const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc) {
+  __m512 c[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < 4; ++q) c[i][q] = _mm512_loadu_ps(acc + i * 64 + 16 * q);
+  for (int64_t kp = 0; kp < kc / 2; ++kp) {
+    const uint32_t* w_row = wpairs + kp * 64;
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(w_row);
+    __m512bh w1 = (__m512bh)_mm512_loadu_si512(w_row + 16);
+    __m512bh w2 = (__m512bh)_mm512_loadu_si512(w_row + 32);
+    __m512bh w3 = (__m512bh)_mm512_loadu_si512(w_row + 48);
+    for (int i = 0; i < MR; ++i) {
+      int32_t a_pair;
+      std::memcpy(&a_pair, a + i * lda + 2 * kp, 4);  // (a[2kp], a[2kp + 1])
+      __m512bh av = (__m512bh)_mm512_set1_epi32(a_pair);
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], av, w0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], av, w1);
+      c[i][2] = _mm512_dpbf16_ps(c[i][2], av, w2);
+      c[i][3] = _mm512_dpbf16_ps(c[i][3], av, w3);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + i * 64 + 16 * q, c[i][q]);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) inline void micro_bf16_avx512_rows(
+    const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc,
+    int64_t rows) {
+  constexpr int kMr = 6;
+  int64_t i = 0;
+  for (; i + kMr <= rows; i += kMr) micro_bf16_avx512<kMr>(a + i * lda, lda, wpairs, kc, acc + i * 64);
+  switch (rows - i) {
+    case 5: micro_bf16_avx512<5>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
+    case 4: micro_bf16_avx512<4>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
+    case 3: micro_bf16_avx512<3>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
+    case 2: micro_bf16_avx512<2>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
+    case 1: micro_bf16_avx512<1>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
+    default: break;
+  }
+}
+
 // ---- AVX-512 small-M path: per-column lookup tables --------------------------------------------
 //
 // With few rows of a, decoding dominates. A column n of group g has only 16 possible weights,
@@ -401,15 +500,18 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
 
 // ---- driver ------------------------------------------------------------------------------------
 
-enum class CpuIsa { kGeneric, kAvx512 };
+enum class CpuIsa { kGeneric, kAvx512, kAvx512Bf16 };
 
-// AVX-512 when the CPU has it, unless the environment says W4K_W4A16_ISA=generic (tests use
-// this to cover the portable path on an AVX-512 machine).
+// The best path this CPU has. W4K_W4A16_ISA=generic or =avx512 (no BF16 dot products) caps it;
+// tests use that to cover every path on one machine.
 inline CpuIsa w4a16_gemm_cpu_isa() {
   const char* force = std::getenv("W4K_W4A16_ISA");
   if (force && std::strcmp(force, "generic") == 0) return CpuIsa::kGeneric;
 #ifdef W4K_HAVE_AVX512_PATH
-  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx512f")) {
+    if (force && std::strcmp(force, "avx512") == 0) return CpuIsa::kAvx512;
+    return __builtin_cpu_supports("avx512bf16") ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512;
+  }
 #endif
   return CpuIsa::kGeneric;
 }
@@ -454,8 +556,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const float* srow[16];
   const float* zrow[16];
   // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
-  const bool use_lut = isa == CpuIsa::kAvx512 && p.g_idx == nullptr && p.group_size % 16 == 0 &&
+  const bool avx512 = isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16;
+  const bool use_lut = avx512 && p.g_idx == nullptr && p.group_size % 16 == 0 &&
                        rows <= w4a16_gemm_lut_max_rows();
+  // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
+  const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
+                          p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
   std::vector<float> lut, lut_acc;
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr);
@@ -481,7 +587,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
         const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         float* w_tile = wbuf.data() + (k0 - kb) * 64;
 #ifdef W4K_HAVE_AVX512_PATH
-        if (isa == CpuIsa::kAvx512) {
+        if (use_dpbf16) {
+          uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
+          if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
+          else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
+          continue;
+        }
+        if (avx512) {
           const bool fp16 = p.weight_type == HalfType::kFloat16;
           if (has_zp && fp16) dequant_tile_avx512<true, true>(words, srow, zrow, w_tile);
           else if (has_zp) dequant_tile_avx512<true, false>(words, srow, zrow, w_tile);
@@ -494,7 +606,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
       const float* a_block = p.a + m0 * p.lda + kb;
 #ifdef W4K_HAVE_AVX512_PATH
-      if (isa == CpuIsa::kAvx512) {
+      if (use_dpbf16) {
+        micro_bf16_avx512_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
+                               reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(),
+                               rows);
+        continue;
+      }
+      if (avx512) {
         micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
         continue;
       }
