@@ -1,0 +1,85 @@
+// Memory operations of the SIMT emulator: cp.async with exact commit/wait group semantics,
+// acquire/release accesses and atomics on host std::atomic-equivalent builtins.
+#pragma once
+
+#include <cstring>
+
+#include "simt/runtime.h"
+
+namespace simt {
+
+// Shared memory bytes written by cp.async before the data has landed (and by the block start
+// fill): 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
+constexpr unsigned char kPoisonByte = 0xFF;
+
+// cp.async.{ca,cg}.shared.global [dst], [src], size[, src_size]. The source is read at issue
+// (so an out-of-bounds source is reported at the faulting instruction); the destination is
+// filled with poison now and receives the data only at the cp.async.wait_group that retires
+// the copy's group. Under ASan the 16-byte destinations are also ASan-poisoned until then, so
+// reading them early is reported as use-after-poison.
+inline void cp_async(const char* name, void* dst, const void* src, int size, bool zero_fill) {
+  Fiber& f = current();
+  check_shared_address(name, dst, size_t(size));
+  if (!zero_fill && reinterpret_cast<uintptr_t>(src) % size)
+    fail_here(std::string(name) + ": global address " + ptr_str(src) + " is not " +
+              std::to_string(size) + "-byte aligned");
+  AsyncCopy c;
+  c.dst = dst;
+  c.size = size;
+  if (zero_fill)
+    std::memset(c.data, 0, sizeof c.data);
+  else
+    std::memcpy(c.data, src, size_t(size));
+  std::memset(dst, kPoisonByte, size_t(size));
+#if W4K_SIMT_ASAN
+  if (size == 16) __asan_poison_memory_region(dst, 16);
+#endif
+  f.cp_open.push_back(c);
+}
+
+// cp.async.commit_group: everything issued since the previous commit forms one group (possibly
+// empty).
+inline void cp_async_commit() {
+  Fiber& f = current();
+  f.cp_groups.emplace_back(std::move(f.cp_open));
+  f.cp_open.clear();
+}
+
+// cp.async.wait_group n: wait until at most n of the most recent committed groups are pending.
+// Copies not yet committed are not waited for.
+inline void cp_async_wait(int n) {
+  Fiber& f = current();
+  while (int(f.cp_groups.size()) > n) {
+    for (AsyncCopy& c : f.cp_groups.front()) land(c);
+    f.cp_groups.pop_front();
+  }
+}
+
+// ---- acquire / release / atomics ----
+// Loads with acquire semantics and all atomics yield the fiber first: this is what lets a thread
+// spinning on a flag (split-K locks) give way to the thread or block that will set it.
+__attribute__((noinline)) inline int ld_acquire(const int* p) {
+  const void* site = __builtin_return_address(0);
+  spin_yield(site);
+  int v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  spin_observe(site, uint32_t(v));
+  return v;
+}
+
+template <class T, class Op>
+inline T atomic_rmw(T* p, Op op, const void* site) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32/64-bit atomics");
+  spin_yield(site);
+  T old, desired;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    desired = op(old);
+  } while (!__atomic_compare_exchange(p, &old, &desired, true, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_RELAXED));
+  uint64_t bits = 0;
+  std::memcpy(&bits, &old, sizeof(T));
+  spin_observe(site, bits);
+  return old;
+}
+
+}  // namespace simt
