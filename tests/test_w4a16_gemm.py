@@ -176,26 +176,29 @@ def test_llama_mlp_shape(backend, dtype, variant, m):
                                          zp=variant == "awq", seed=11))
 
 
+CAPS = {"scalar": ("W4K_CPU_ISA", "scalar"), "avx512-no-bf16-dot": ("W4K_W4A16_DPBF16", "0")}
+
+
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("config", ["g64", "g-1_zp_bias", "act_shard"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("isa", ["generic", "avx512"])
-def test_capped_isa(monkeypatch, isa, dtype, config, m):
-    """The kernel paths a machine without AVX-512 (generic: portable C++) or without AVX512-BF16
-    (avx512: fp32 FMAs for bf16 too) would run, forced through W4K_W4A16_ISA."""
+@pytest.mark.parametrize("cap", list(CAPS))
+def test_capped_isa(monkeypatch, cap, dtype, config, m):
+    """The kernel paths a machine without AVX-512 (W4K_CPU_ISA=scalar: portable C++) or without
+    AVX512-BF16 (fp32 FMAs for bf16 too) would run."""
     b = backend_or_skip("cpu", OP)
-    monkeypatch.setenv("W4K_W4A16_ISA", isa)
+    monkeypatch.setenv(*CAPS[cap])
     args = {"g64": (64, None, False, False), "g-1_zp_bias": (-1, None, True, True),
             "act_shard": (32, "shard", False, True)}[config]
     check_against_reference(b, make_case(m, 256, 128, args[0], dtype, *args[1:], seed=3))
 
 
-def test_generic_and_avx512_agree(monkeypatch):
+def test_scalar_and_avx512_agree(monkeypatch):
     """Both paths round the weights identically; only the fp32 summation order may differ."""
     b = backend_or_skip("cpu", OP)
     case = make_case(9, 512, 256, 128, torch.float16, "k_full", seed=5)
     fast = call(b, case)
-    monkeypatch.setenv("W4K_W4A16_ISA", "generic")
+    monkeypatch.setenv("W4K_CPU_ISA", "scalar")
     tol = tolerance(case, reference.w4a16_gemm(**op_args(case)))
     assert bool(((call(b, case).double() - fast.double()).abs() <= 2 * tol).all())
 

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/isa.h"
 #include "cpu/w4a16_gemm_avx512.h"
 #include "cpu/w4a16_gemm_layout.h"
 
@@ -62,15 +63,16 @@ inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_
 
 enum class CpuIsa { kGeneric, kAvx512, kAvx512Bf16 };
 
-// The best path this CPU has. W4K_W4A16_ISA=generic or =avx512 (no BF16 dot products) caps it;
-// tests use that to cover every path on one machine.
+// The best path this CPU has, after the project-wide cap W4K_CPU_ISA (cpu/isa.h: "scalar" or
+// "avx2" select the portable path here, there is no AVX2 variant). W4K_W4A16_DPBF16=0 also
+// turns off the AVX512-BF16 dot products, so tests can run every path on one machine.
 inline CpuIsa w4a16_gemm_cpu_isa() {
-  const char* force = std::getenv("W4K_W4A16_ISA");
-  if (force && std::strcmp(force, "generic") == 0) return CpuIsa::kGeneric;
 #ifdef W4K_HAVE_AVX512_PATH
-  if (__builtin_cpu_supports("avx512f")) {
-    if (force && std::strcmp(force, "avx512") == 0) return CpuIsa::kAvx512;
-    return __builtin_cpu_supports("avx512bf16") ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512;
+  if (cpu_isa() == Isa::kAvx512) {
+    const char* dot = std::getenv("W4K_W4A16_DPBF16");
+    const bool no_dot = dot && std::strcmp(dot, "0") == 0;
+    return __builtin_cpu_supports("avx512bf16") && !no_dot ? CpuIsa::kAvx512Bf16
+                                                          : CpuIsa::kAvx512;
   }
 #endif
   return CpuIsa::kGeneric;
