@@ -17,9 +17,11 @@ call streams its weight from DRAM, as in a real model. The machine is shared: ru
 nothing else is compiling, and read the spread (min..max of the repeats) as the noise level.
 
     PYTHONPATH=$PWD/python python benchmarks/bench_w4a16_cpu.py [--dtype bfloat16] [--quick]
+        [--threads 1] [--ms 1,16]
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -64,15 +66,23 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="first shape only, fewer repeats")
     ap.add_argument("--ref-ms", default="1,256", help="M values that also time the ref path")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ms = [int(m) for m in args.ms.split(",")]
     dtype = getattr(torch, args.dtype)
     shapes = SHAPES[:1] if args.quick else SHAPES
     repeats = 5 if args.quick else args.repeats
     ref_ms = {int(m) for m in args.ref_ms.split(",") if m}
     gen = torch.Generator().manual_seed(0)
     op = torch.ops.w4kernels.w4a16_gemm
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     print(f"threads={torch.get_num_threads()} dtype={args.dtype} group_size={args.group_size} "
-          f"repeats={repeats} build={w4kernels.build_info()['torch']}")
+          f"repeats={repeats} torch={torch.__version__} avx512f={'avx512f' in flags} "
+          f"avx512_bf16={'avx512_bf16' in flags} W4K_CPU_ISA={os.environ.get('W4K_CPU_ISA')} "
+          f"load={os.getloadavg()[0]:.1f}")
     print(f"{'M':>4} {'K':>6} {'N':>6} | {'w4a16 ms':>9} {'(min..max)':>15} {'GB/s':>6} | "
           f"{'mm_f32':>8} {'x':>5} | {'mm_half':>8} {'x':>5} | {'ref':>8} {'x':>5}")
     for size_k, size_n in shapes:
@@ -83,7 +93,7 @@ def main():
         w_f32 = [w_half.float().clone() for _ in range(n_f32)]
         w_h = [w_half.clone() for _ in range(copies_for(2 * size_k * size_n))]
         ws = w4kernels.ops.marlin_workspace(size_n)
-        for m in MS:
+        for m in ms:
             a = torch.randn(m, size_k, generator=gen).to(dtype)
             a32 = a.float()
 

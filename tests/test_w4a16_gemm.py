@@ -148,14 +148,21 @@ def test_options(backend, m, dtype, group_size, act_order, zp, bias):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("act_order", [None, "shard"], ids=["noact", "shard"])
 @pytest.mark.parametrize("lut_rows", ["0", "8"], ids=["blocked", "lut"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, m):
+def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, act_order, m):
     """Both AVX-512 small-M variants (lookup tables and the blocked dequantize-then-FMA path,
-    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias."""
+    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias.
+    The act-order shard has random group boundaries, so some k-tiles span two groups (the
+    lookup-table path dequantizes those row by row)."""
     b = backend_or_skip("cpu", OP)
     monkeypatch.setenv("W4K_W4A16_LUT_ROWS", lut_rows)
-    check_against_reference(b, make_case(m, 512, 128, 64, dtype, zp=True, bias=True, seed=m))
+    case = make_case(m, 512, 128, 64, dtype, act_order, zp=True, bias=True, seed=m)
+    if act_order:
+        g = case["g_idx"].reshape(-1, 16)
+        assert bool((g[:, 0] != g[:, -1]).any()), "want tiles that span two groups"
+    check_against_reference(b, case)
 
 
 LLAMA_CASES = [  # (dtype, variant, m); the float64 reference of this shape takes seconds

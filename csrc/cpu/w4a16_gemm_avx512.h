@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cpu/w4a16_gemm_layout.h"
@@ -247,7 +248,7 @@ __attribute__((target("avx512f"))) void build_luts_avx512(const float* sc, const
 template <int MR, int NC>
 __attribute__((target("avx512f"))) void lut_pass_avx512(
     const float* a, int64_t lda, const int32_t* words, int64_t word_stride, int64_t kt0,
-    int64_t kt1, const float* lut, int64_t group_tiles, int64_t g_first, int c, int j0,
+    int64_t kt1, const float* lut, const int32_t* tile_group, int64_t g_first, int c, int j0,
     float* acc, int64_t acc_stride) {
   __m512 acc_v[MR][NC];
   for (int i = 0; i < MR; ++i)
@@ -263,7 +264,8 @@ __attribute__((target("avx512f"))) void lut_pass_avx512(
   __m512 lut_v[NC];
   int64_t g_loaded = -1;
   for (int64_t kt = kt0; kt < kt1; ++kt) {
-    const int64_t g = kt / group_tiles;
+    const int64_t g = tile_group[kt];
+    if (g < 0) continue;  // a tile whose rows span two groups: see lut_chunk_avx512
     if (g != g_loaded) {
       for (int cc = 0; cc < NC; ++cc) {
         const int col = 16 * (j0 + cc / 2) + c + 8 * (cc % 2);
@@ -293,7 +295,7 @@ __attribute__((target("avx512f"))) void lut_pass_avx512(
 // 16j + c + 8*b2 of row i (1024 floats per row).
 __attribute__((target("avx512f"))) inline void lut_tiles_avx512(
     const float* a, int64_t lda, int64_t rows, const int32_t* words, int64_t word_stride,
-    int64_t kt0, int64_t kt1, const float* lut, int64_t group_tiles, int64_t g_first,
+    int64_t kt0, int64_t kt1, const float* lut, const int32_t* tile_group, int64_t g_first,
     float* acc) {
   for (int64_t i0 = 0; i0 < rows; i0 += 4) {
     const int mr = static_cast<int>(std::min<int64_t>(4, rows - i0));
@@ -302,37 +304,62 @@ __attribute__((target("avx512f"))) inline void lut_tiles_avx512(
       const int32_t* wc = words + 16 * c;
       float* acc_c = acc + i0 * 1024 + c * 128;
       if (mr == 1) {
-        lut_pass_avx512<1, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, 0, acc_c, 1024);
+        lut_pass_avx512<1, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, tile_group, g_first, c, 0, acc_c, 1024);
       } else if (mr == 2) {
-        lut_pass_avx512<2, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, 0, acc_c, 1024);
+        lut_pass_avx512<2, 8>(ai, lda, wc, word_stride, kt0, kt1, lut, tile_group, g_first, c, 0, acc_c, 1024);
       } else {
         for (int j0 = 0; j0 < 4; j0 += 2) {
           float* acc_j = acc_c + 32 * j0;
           if (mr == 3)
-            lut_pass_avx512<3, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, j0, acc_j, 1024);
+            lut_pass_avx512<3, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, tile_group, g_first, c, j0, acc_j, 1024);
           else
-            lut_pass_avx512<4, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, group_tiles, g_first, c, j0, acc_j, 1024);
+            lut_pass_avx512<4, 4>(ai, lda, wc, word_stride, kt0, kt1, lut, tile_group, g_first, c, j0, acc_j, 1024);
         }
       }
     }
   }
 }
 
-// One chunk, rows [m0, m0 + rows), through the lookup-table path (no act-order, group_size a
-// multiple of 16 so a k-tile has one group). sc/zf: decode_chunk_groups output.
+// One chunk, rows [m0, m0 + rows), through the lookup-table path. tile_group[kt] is the group
+// of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries): such tiles
+// are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into `extra`
+// (wbuf column order), which is added at the end. sc/zf: decode_chunk_groups output.
 template <bool kFp16>
 __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem& p, int64_t ch,
                                                          int64_t m0, int64_t rows,
                                                          const float* sc, const float* zf,
+                                                         const int32_t* tile_group,
                                                          std::vector<float>& lut,
                                                          std::vector<float>& acc) {
   constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of this chunk's words
-  const int64_t group_tiles = p.group_size / 16, num_tiles = p.size_k / 16;
-  acc.assign(rows * 1024, 0.0f);
+  const int64_t num_tiles = p.size_k / 16;
+  const MarlinChunkTables& tb = chunk_tables();
+  acc.assign(rows * 1024 + rows * 64, 0.0f);
+  float* extra = acc.data() + rows * 1024;
+  float wtile[16 * 64];
   int64_t built_first = -1, built_last = -1;
   for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTilesPerBlock) {
     const int64_t kt1 = std::min(num_tiles, kt0 + kTilesPerBlock);
-    const int64_t g_first = kt0 / group_tiles, g_last = (kt1 - 1) / group_tiles;
+    int64_t g_first = INT64_MAX, g_last = -1;
+    for (int64_t kt = kt0; kt < kt1; ++kt) {
+      if (tile_group[kt] < 0) {
+        const float* srow[16];
+        const float* zrow[16];
+        for (int r = 0; r < 16; ++r) {
+          const int64_t g = p.g_idx[16 * kt + r];
+          srow[r] = sc + g * 64;
+          zrow[r] = zf ? zf + g * 64 : nullptr;
+        }
+        const int32_t* words = p.b_q_weight + kt * 2 * p.size_n + 128 * ch;
+        if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
+        else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+        micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, extra, rows);
+        continue;
+      }
+      g_first = std::min<int64_t>(g_first, tile_group[kt]);
+      g_last = std::max<int64_t>(g_last, tile_group[kt]);
+    }
+    if (g_last < 0) continue;  // every tile of the block was mixed
     if (g_first != built_first || g_last != built_last) {
       lut.resize((g_last - g_first + 1) * 1024);
       build_luts_avx512<kFp16>(sc, zf, g_first, g_last, lut.data());
@@ -340,7 +367,7 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
       built_last = g_last;
     }
     lut_tiles_avx512(p.a + m0 * p.lda, p.lda, rows, p.b_q_weight + kt0 * 2 * p.size_n + 128 * ch,
-                     2 * p.size_n, kt0, kt1, lut.data(), group_tiles, g_first, acc.data());
+                     2 * p.size_n, kt0, kt1, lut.data(), tile_group, g_first, acc.data());
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
@@ -349,7 +376,8 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
       for (int cc = 0; cc < 8; ++cc) {
         const int col = 16 * (cc / 2) + c + 8 * (cc % 2);
         const __m512 v = _mm512_loadu_ps(acc.data() + i * 1024 + c * 128 + cc * 16);
-        c_row[col] = _mm512_reduce_add_ps(v) + (bias ? bias[col] : 0.0f);
+        c_row[col] = _mm512_reduce_add_ps(v) + extra[i * 64 + tb.xcol[col]] +
+                     (bias ? bias[col] : 0.0f);
       }
   }
 }
