@@ -59,9 +59,12 @@ def test_golden_coverage():
     assert {c["params"]["bl"] for c in c32} == {32, 64, 128}
 
 
-@pytest.mark.parametrize("impl", ["cpu", "reference"])
+@pytest.mark.parametrize("impl", ["cpu", "cpu_scalar", "reference"])
 @pytest.mark.parametrize("case", golden.cases("kleidiai_lhs_qai8dxp", "kai_run_lhs_quant_pack_qai8dxp_f32"))
-def test_lhs_quant_pack_golden(case, impl):
+def test_lhs_quant_pack_golden(case, impl, monkeypatch):
+    """cpu_scalar: W4K_KLEIDIAI_ISA=scalar forces the scalar loops instead of AVX2."""
+    if impl == "cpu_scalar":
+        monkeypatch.setenv("W4K_KLEIDIAI_ISA", "scalar")
     p = case["params"]
     fn = OPS.lhs_quant_pack_qai8dxp_f32 if impl == "cpu" else reference.lhs_quant_pack_qai8dxp_f32
     out = fn(case["inputs"]["lhs"], p["mr"], p["kr"], p["sr"])
@@ -128,13 +131,23 @@ def test_rhs_pack_qsi4c32p_random(n, k, bl, nr, kr, sr, kxn):
 
 @pytest.mark.parametrize("m,k,mr,kr,sr", [(1, 4096, 1, 16, 2), (7, 100, 4, 16, 2), (33, 31, 4, 8, 2),
                                           (16, 64, 8, 16, 2), (5, 1, 3, 16, 2), (2, 257, 1, 4, 2)])
-def test_lhs_quant_pack_random(m, k, mr, kr, sr):
+@pytest.mark.parametrize("isa", ["auto", "scalar"])
+def test_lhs_quant_pack_random(m, k, mr, kr, sr, isa, monkeypatch):
+    monkeypatch.setenv("W4K_KLEIDIAI_ISA", isa)
     g = torch.Generator().manual_seed(m * 100 + k)
     x = torch.randn(m, k, generator=g) * 3.0
-    x[0, 0] = 0.5  # a few exact ties after scaling are likely with small integers too
+    x[0, 0] = 0.5
+    x[-1, -1] = -x.abs().max()  # the row minimum at the very end (the SIMD tail)
     out = OPS.lhs_quant_pack_qai8dxp_f32(x, mr, kr, sr)
     ref = reference.lhs_quant_pack_qai8dxp_f32(x, mr, kr, sr)
     assert golden.same_bits(out, ref)
+
+
+def test_lhs_quant_pack_ties_on_every_simd_lane():
+    """Regression: x.5 ties in all 32 lanes of the AVX2 block (scale 1: min -127.5, max 127.5)."""
+    x = torch.arange(-127.5, 128.0, 1.0).reshape(1, -1)  # 256 values, all ties
+    out = OPS.lhs_quant_pack_qai8dxp_f32(x)
+    assert golden.same_bits(out, reference.lhs_quant_pack_qai8dxp_f32(x))
 
 
 def test_lhs_quant_pack_strided_rows():

@@ -210,13 +210,14 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const int64_t chunks = (per_block ? a.bl : k_i) / 32;
   const int64_t seg_step = a.mr * 8;  // bytes between consecutive 8-value segments of a row
   const uint8_t* w = a.rhs_packed + nb * rhs_stride(a);
+  const int64_t w_ahead = rhs_stride(a);
 
   LhsRow rows[MT];
   for (int i = 0; i < MT; ++i) rows[i] = lhs_row(a, m0 + i);
   const __m512i flip = _mm512_set1_epi8(0x08 | 0x80);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m256 facc[MT];
-  __m256i dots[MT];
+  __m256i dots[MT] = {};
   for (int i = 0; i < MT; ++i) facc[i] = _mm256_setzero_ps();
 
   for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -225,6 +226,10 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     const int8_t* lq[MT];
     for (int i = 0; i < MT; ++i) lq[i] = rows[i].q + kb * chunks * 4 * seg_step;
     for (int64_t c = 0; c < chunks; ++c) {
+      // The next nr-block's weights, one chunk ahead per chunk: they arrive while this block
+      // computes (no fault past the buffer's end: prefetches never fault).
+      _mm_prefetch(reinterpret_cast<const char*>(w + w_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + w_ahead + 64), _MM_HINT_T0);
       const __m512i s0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip);
       const __m512i s1 = _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip);
       w += 128;
@@ -304,6 +309,7 @@ W4K_AVXVNNI void tile_avx2(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const int64_t chunks = (per_block ? a.bl : k_i) / 32;
   const int64_t seg_step = a.mr * 8;
   const uint8_t* w = a.rhs_packed + nb * rhs_stride(a);
+  const int64_t w_ahead = rhs_stride(a);
 
   LhsRow rows[MT];
   for (int i = 0; i < MT; ++i) rows[i] = lhs_row(a, m0 + i);
@@ -311,7 +317,7 @@ W4K_AVXVNNI void tile_avx2(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 facc[MT];
-  __m256i dots[MT];
+  __m256i dots[MT] = {};
   for (int i = 0; i < MT; ++i) facc[i] = _mm256_setzero_ps();
 
   for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -320,6 +326,8 @@ W4K_AVXVNNI void tile_avx2(const MatmulArgs& a, int64_t m0, int64_t nb) {
     const int8_t* lq[MT];
     for (int i = 0; i < MT; ++i) lq[i] = rows[i].q + kb * chunks * 4 * seg_step;
     for (int64_t c = 0; c < chunks; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + w_ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + w_ahead + 64), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         const __m256i s0 = _mm256_xor_si256(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * h)), flip);

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include <immintrin.h>
+
 #include "kleidiai.h"
 
 namespace w4k {
@@ -44,6 +46,83 @@ inline float bf16_to_f32(uint16_t bits) {
 inline int64_t k_low(int64_t super, int64_t b, int64_t seg_bytes) {
   const int64_t kk = super * seg_bytes + b;
   return kk + (kk / 16) * 16;
+}
+
+// q[i] = clamp(roundf(x[i] * scale) + zp, -128, 127). roundf (ties away from zero) is trunc
+// plus a correction; |x * scale| <= 255 for finite x in [rmin, rmax], and the clamp to
+// +-65536 keeps the float -> int conversion defined anyway.
+void quantize_row_scalar(const float* x, int64_t k, float scale, int32_t zp, int8_t* q) {
+  for (int64_t i = 0; i < k; ++i) {
+    float v = x[i] * scale;
+    v = v < 65536.0f ? v : 65536.0f;
+    v = v > -65536.0f ? v : -65536.0f;
+    int32_t iv = int32_t(v);
+    const float frac = v - float(iv);
+    iv += int32_t(frac >= 0.5f) - int32_t(frac <= -0.5f);
+    iv += zp;
+    iv = iv < -128 ? -128 : iv;
+    iv = iv > 127 ? 127 : iv;
+    q[i] = int8_t(iv);
+  }
+}
+
+void minmax_scalar(const float* x, int64_t k, float* mn, float* mx) {
+  for (int64_t i = 0; i < k; ++i) {  // KleidiAI's comparisons: max = x > max ? x : max
+    *mx = x[i] > *mx ? x[i] : *mx;
+    *mn = x[i] < *mn ? x[i] : *mn;
+  }
+}
+
+// The same two loops on AVX2, 8 floats at a time: identical results (maxps(x, m) is exactly
+// x > m ? x : m; the order of a min / max only decides the sign of a zero, which rmin / rmax
+// erase; int32 -> int8 packing with signed saturation is the clamp to [-128, 127]).
+__attribute__((target("avx2"))) void minmax_avx2(const float* x, int64_t k, float* mn,
+                                                 float* mx) {
+  __m256 vmx = _mm256_set1_ps(*mx), vmn = _mm256_set1_ps(*mn);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    vmx = _mm256_max_ps(v, vmx);
+    vmn = _mm256_min_ps(v, vmn);
+  }
+  alignas(32) float hx[8], hn[8];
+  _mm256_store_ps(hx, vmx);
+  _mm256_store_ps(hn, vmn);
+  for (int j = 0; j < 8; ++j) {
+    *mx = hx[j] > *mx ? hx[j] : *mx;
+    *mn = hn[j] < *mn ? hn[j] : *mn;
+  }
+  minmax_scalar(x + i, k - i, mn, mx);
+}
+
+__attribute__((target("avx2"))) void quantize_row_avx2(const float* x, int64_t k, float scale,
+                                                       int32_t zp, int8_t* q) {
+  const __m256 vs = _mm256_set1_ps(scale), hi = _mm256_set1_ps(65536.0f);
+  const __m256 lo = _mm256_set1_ps(-65536.0f), half = _mm256_set1_ps(0.5f);
+  const __m256 nhalf = _mm256_set1_ps(-0.5f);
+  const __m256i vzp = _mm256_set1_epi32(zp);
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m256i r[4];
+    for (int j = 0; j < 4; ++j) {
+      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vs);
+      v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
+      __m256i iv = _mm256_cvttps_epi32(v);
+      const __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(iv));
+      // compare masks are all-ones (-1) where true
+      iv = _mm256_sub_epi32(iv, _mm256_castps_si256(_mm256_cmp_ps(frac, half, _CMP_GE_OQ)));
+      iv = _mm256_add_epi32(iv, _mm256_castps_si256(_mm256_cmp_ps(frac, nhalf, _CMP_LE_OQ)));
+      r[j] = _mm256_add_epi32(iv, vzp);
+    }
+    // packs work per 128-bit lane: [0 1 | 0 1] words, then bytes [0 1 2 3 | 0 1 2 3] in
+    // dword order 0,2,4,6,1,3,5,7 -> fix with a dword permute.
+    const __m256i w01 = _mm256_packs_epi32(r[0], r[1]);
+    const __m256i w23 = _mm256_packs_epi32(r[2], r[3]);
+    const __m256i b = _mm256_packs_epi16(w01, w23);
+    const __m256i fixed = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), fixed);
+  }
+  quantize_row_scalar(x + i, k - i, scale, zp, q + i);
 }
 
 }  // namespace
@@ -139,15 +218,17 @@ void lhs_quant_pack_qai8dxp(int64_t m_begin, int64_t m_end, int64_t k, int64_t m
   const int64_t group_stride = lhs_packed_stride_qai8dxp(k, mr);
   const float qmin = -128.0f, qmax = 127.0f;
   std::vector<int8_t> row_q(k_i);
+  // W4K_KLEIDIAI_ISA=scalar forces the scalar loops here too (tests compare both with golden).
+  Isa isa = Isa::scalar;
+  const char* why = nullptr;
+  if (!parse_isa("auto", &isa, &why)) isa = Isa::scalar;
+  const bool simd = isa != Isa::scalar;
 
   for (int64_t row = m_begin; row < m_end; ++row) {
     const float* x = lhs + row * lhs_stride;
-    // Same comparisons as KleidiAI (max = x > max ? x : max), so ties of +-0 resolve alike.
     float mx = -3.40282347e+38f, mn = 3.40282347e+38f;
-    for (int64_t i = 0; i < k; ++i) {
-      mx = x[i] > mx ? x[i] : mx;
-      mn = x[i] < mn ? x[i] : mn;
-    }
+    if (simd) minmax_avx2(x, k, &mn, &mx);
+    else minmax_scalar(x, k, &mn, &mx);
     const float rmin = mn < 0.0f ? mn : 0.0f;
     const float rmax = mx > 0.0f ? mx : 0.0f;
     const float scale = rmin == rmax ? 1.0f : (qmax - qmin) / (rmax - rmin);
@@ -162,19 +243,10 @@ void lhs_quant_pack_qai8dxp(int64_t m_begin, int64_t m_end, int64_t k, int64_t m
 
     const int64_t g = row / mr, r = row % mr;
     int8_t* q = reinterpret_cast<int8_t*>(lhs_packed + g * group_stride);
-    // roundf (ties away from zero) written as trunc + correction so the loop vectorizes:
-    // |x * scale| <= 255 for finite x in [rmin, rmax], where the float -> int cast is exact.
     // Quantize the row contiguously (k >= K repeats x[K-1]), then scatter its segments.
-    for (int64_t i = 0; i < k_i; ++i) {
-      float v = x[i < k ? i : k - 1] * scale;
-      v = v < 65536.0f ? (v > -65536.0f ? v : -65536.0f) : 65536.0f;
-      int32_t iv = int32_t(v);
-      const float frac = v - float(iv);
-      iv += (frac >= 0.5f) - (frac <= -0.5f);
-      iv += zp_i;
-      iv = iv < -128 ? -128 : (iv > 127 ? 127 : iv);
-      row_q[i] = int8_t(iv);
-    }
+    if (simd) quantize_row_avx2(x, k, scale, zp_i, row_q.data());
+    else quantize_row_scalar(x, k, scale, zp_i, row_q.data());
+    std::fill(row_q.begin() + k, row_q.end(), row_q[k - 1]);
     for (int64_t t = 0; t < k_i / seg; ++t)
       std::memcpy(q + (t * mr + r) * seg, row_q.data() + t * seg, seg);
     uint8_t* params = lhs_packed + g * group_stride + mr * k_i;
