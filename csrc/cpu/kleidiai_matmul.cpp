@@ -216,13 +216,24 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   for (int i = 0; i < MT; ++i) rows[i] = lhs_row(a, m0 + i);
   const __m512i flip = _mm512_set1_epi8(0x08 | 0x80);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // Lane j of the pair sums: the even dword lanes 2r of row i's accumulator hold row r's first
+  // half, the odd ones its second half; two rows fill one zmm.
+  const __m512i even_lanes = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_lanes = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   __m256 facc[MT];
+  __m512 facc2[(MT + 1) / 2];
   __m256i dots[MT] = {};
   for (int i = 0; i < MT; ++i) facc[i] = _mm256_setzero_ps();
+  for (int i = 0; i < (MT + 1) / 2; ++i) facc2[i] = _mm512_setzero_ps();
 
   for (int64_t kb = 0; kb < nkb; ++kb) {
+    // Start each row's even lanes at -8 * (its LHS sum over this block): the pair sums then
+    // come out as the signed dot products directly.
     __m512i acc0[MT], acc1[MT];
-    for (int i = 0; i < MT; ++i) acc0[i] = acc1[i] = _mm512_setzero_si512();
+    for (int i = 0; i < MT; ++i) {
+      acc0[i] = _mm512_maskz_set1_epi32(0x5555, -8 * a.lhs_sums[(m0 + i) * nkb + kb]);
+      acc1[i] = _mm512_setzero_si512();
+    }
     const int8_t* lq[MT];
     for (int i = 0; i < MT; ++i) lq[i] = rows[i].q + kb * chunks * 4 * seg_step;
     for (int64_t c = 0; c < chunks; ++c) {
@@ -251,21 +262,35 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
         lq[i] = p + 4 * seg_step;
       }
     }
-    for (int i = 0; i < MT; ++i) {
-      const __m512i sum = _mm512_add_epi32(acc0[i], acc1[i]);
-      const __m256i pair = _mm512_cvtepi64_epi32(_mm512_add_epi32(sum, _mm512_srli_epi64(sum, 32)));
-      const int32_t corr = 8 * a.lhs_sums[(m0 + i) * nkb + kb];
-      dots[i] = _mm256_sub_epi32(pair, _mm256_set1_epi32(corr));
-    }
-    if (per_block) {
-      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-      w += 16;
-      __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sb), 16));
-      d = _mm256_mul_ps(d, _mm256_set1_ps(0.0625f));
+    if (!per_block) {
       for (int i = 0; i < MT; ++i) {
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_slli_epi32(dots[i], 4));
-        facc[i] = _mm256_fmadd_ps(f, d, facc[i]);
+        const __m512i sum = _mm512_add_epi32(acc0[i], acc1[i]);
+        const __m256i pair = _mm512_cvtepi64_epi32(_mm512_add_epi32(sum, _mm512_srli_epi64(sum, 32)));
+        dots[i] = pair;
       }
+      continue;
+    }
+    // Per-block: rows i, i+1 share one zmm (row i in the low 8 lanes), so the pair sums,
+    // the conversion and the fma run once per two rows.
+    const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+    w += 16;
+    __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sb), 16));
+    d = _mm256_mul_ps(d, _mm256_set1_ps(0.0625f));
+    const __m512 d2 = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d)), _mm256_castps_pd(d), 1));
+    for (int i = 0; i < MT; i += 2) {
+      const __m512i s0 = _mm512_add_epi32(acc0[i], acc1[i]);
+      const __m512i s1 = i + 1 < MT ? _mm512_add_epi32(acc0[i + 1], acc1[i + 1]) : s0;
+      const __m512i pair = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even_lanes, s1),
+                                            _mm512_permutex2var_epi32(s0, odd_lanes, s1));
+      const __m512 f = _mm512_cvtepi32_ps(_mm512_slli_epi32(pair, 4));
+      facc2[i / 2] = _mm512_fmadd_ps(f, d2, facc2[i / 2]);
+    }
+  }
+  if (per_block) {
+    for (int i = 0; i < MT; ++i) {
+      const __m512d v = _mm512_castps_pd(facc2[i / 2]);
+      facc[i] = _mm256_castpd_ps(i % 2 ? _mm512_extractf64x4_pd(v, 1) : _mm512_castpd512_pd256(v));
     }
   }
 
