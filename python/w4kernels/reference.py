@@ -3,39 +3,45 @@
 
 # ---- KleidiAI ---------------------------------------------------------------------------------
 #
-# KleidiAI's int4 formats (ARM-software/kleidiai, "kai" below), written from the layout
-# formulas. Vocabulary: RHS = the N x K weight, LHS = the M x K activation; nr rows of N are
-# packed together, a row's K values go out kr at a time over sr steps, so one *segment* is
-# B = kr / sr bytes; bl is the K block of per-block scales; mr LHS rows are interleaved.
-# K_i = roundup(K, 32) is the padded K of every packed buffer.
-#
-# Packed RHS, one nr-block per rows n0 = b*nr .. n0+nr-1 (rows >= N are padding):
-#
-#   qsi4cxp (per-channel):  [ weights: nr*K_i/2 B | rsum: nr x int32 | scale: nr x f32 | bias: nr x f32 ]
-#   qsi4c32p (per-block):   [ per K block j: weights nr*bl/2 B | scale: nr x bf16 ]... [ rsum: nr x f32 | bias: nr x f32 ]
-#
-# Weights of one area of L k-values (L = K_i, or bl starting at k = j*bl): byte i, with
-#   s = i // B, b = i % B:   row r = s % nr,   kk = (s // nr) * B + b,   k0 = kk + (kk // 16) * 16
-# holds w(n0 + r, k0) in the low nibble and w(n0 + r, k0 + 16) in the high nibble. In CuTe
-# terms, the 32 k of one 16-byte column pair are split k -> (k % 16, k // 16) = (byte, nibble),
-# and the bytes are laid out (B, nr, L/2/B) : (1, B, nr*B) - B bytes of row 0, B of row 1, ...
-# With the defaults (nr, kr, sr) = (8, 16, 2), one 32-k chunk is 128 bytes: rows 0-7 x 8 bytes
-# for k 0-7 / 16-23, then rows 0-7 x 8 bytes for k 8-15 / 24-31.
-# Each nibble is w = q - rhs_zero_point as a two's-complement int4 (q ^ 8 for zero point 8, q
-# as given for zero point 0); k >= K stores 0.
-#   rsum (per-channel) = 16 * sum_k w(n, k);  scale = s_n / 16 (the kernels read each nibble
-#       as 16 * w);  bias = bias_n or 0.
-#   rsum (per-block) = f32 sum, one term per B-byte segment in increasing k, of
-#       s_{n,j} * (sum of the segment's 2B values of w);  scale = raw bf16 s_{n,j}.
-# Padded rows: NxK source -> copies of row N-1. KxN source -> the byte of row N-1, but the
-# nibble chosen by the parity of the *unclamped* n (so with even N they alternate between rows
-# N-2 and N-1; with odd N the odd ones read the source's unused pad nibble); scale, bias: row N-1.
-#
-# Packed LHS qai8dxp, one mr-group of rows:
-#   [ int8 values: mr*K_i B | -zero_point: mr x int32 | 1/scale: mr x f32 ]
-#   value (r, k) of the group at byte ((k // B) * mr + r) * B + k % B; k >= K repeats x[K-1].
+# KleidiAI packed layouts: see KAI_LAYOUT (also appended to each packer's docstring).
 
 import torch  # noqa: E402  (kept local to this section so it stands alone)
+
+
+KAI_LAYOUT = """KleidiAI packed layouts (the spec of every ``rhs_pack_*`` / ``lhs_quant_pack_*`` below).
+
+    KleidiAI's int4 formats (ARM-software/kleidiai, "kai" below), written from the layout
+    formulas. Vocabulary: RHS = the N x K weight, LHS = the M x K activation; nr rows of N are
+    packed together, a row's K values go out kr at a time over sr steps, so one *segment* is
+    B = kr / sr bytes; bl is the K block of per-block scales; mr LHS rows are interleaved.
+    K_i = roundup(K, 32) is the padded K of every packed buffer.
+
+    Packed RHS, one nr-block per rows n0 = b*nr .. n0+nr-1 (rows >= N are padding):
+
+      qsi4cxp (per-channel):  [ weights: nr*K_i/2 B | rsum: nr x int32 | scale: nr x f32 | bias: nr x f32 ]
+      qsi4c32p (per-block):   [ per K block j: weights nr*bl/2 B | scale: nr x bf16 ]... [ rsum: nr x f32 | bias: nr x f32 ]
+
+    Weights of one area of L k-values (L = K_i, or bl starting at k = j*bl): byte i, with
+      s = i // B, b = i % B:   row r = s % nr,   kk = (s // nr) * B + b,   k0 = kk + (kk // 16) * 16
+    holds w(n0 + r, k0) in the low nibble and w(n0 + r, k0 + 16) in the high nibble. In CuTe
+    terms, the 32 k of one 16-byte column pair are split k -> (k % 16, k // 16) = (byte, nibble),
+    and the bytes are laid out (B, nr, L/2/B) : (1, B, nr*B) - B bytes of row 0, B of row 1, ...
+    With the defaults (nr, kr, sr) = (8, 16, 2), one 32-k chunk is 128 bytes: rows 0-7 x 8 bytes
+    for k 0-7 / 16-23, then rows 0-7 x 8 bytes for k 8-15 / 24-31.
+    Each nibble is w = q - rhs_zero_point as a two's-complement int4 (q ^ 8 for zero point 8, q
+    as given for zero point 0); k >= K stores 0.
+      rsum (per-channel) = 16 * sum_k w(n, k);  scale = s_n / 16 (the kernels read each nibble
+          as 16 * w);  bias = bias_n or 0.
+      rsum (per-block) = f32 sum, one term per B-byte segment in increasing k, of
+          s_{n,j} * (sum of the segment's 2B values of w);  scale = raw bf16 s_{n,j}.
+    Padded rows: NxK source -> copies of row N-1. KxN source -> the byte of row N-1, but the
+    nibble chosen by the parity of the *unclamped* n (so with even N they alternate between rows
+    N-2 and N-1; with odd N the odd ones read the source's unused pad nibble); scale, bias: row N-1.
+
+    Packed LHS qai8dxp, one mr-group of rows:
+      [ int8 values: mr*K_i B | -zero_point: mr x int32 | 1/scale: mr x f32 ]
+      value (r, k) of the group at byte ((k // B) * mr + r) * B + k % B; k >= K repeats x[K-1].
+"""
 
 
 def _kai_check_nr_kr_sr(nr, kr, sr):
@@ -333,3 +339,9 @@ def dyn_quant_matmul_4bit_f64(inp, weights, scales_zeros, bias, block_size, in_f
     if bias is not None:
         out = out + bias.double()
     return out.reshape(*inp.shape[:-1], n)
+
+
+for _fn in (rhs_pack_nxk_qsi4cxp_qs4cxs1s0, rhs_pack_kxn_qsi4cxp_qs4cxs1s0,
+            rhs_pack_nxk_qsi4c32p_qsu4c32s1s0, rhs_pack_kxn_qsi4c32p_qsu4c32s1s0,
+            lhs_quant_pack_qai8dxp_f32):
+    _fn.__doc__ = (_fn.__doc__ or "") + "\n\n    " + KAI_LAYOUT.replace("\n", "\n    ")
