@@ -137,11 +137,14 @@ def main():
     p.add_argument("--ms", type=int, nargs="*", default=[1, 4, 16, 64, 256])
     p.add_argument("--shapes", type=str, default="4096x4096,11008x4096,4096x11008",
                    help="comma-separated NxK")
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = default)")
     p.add_argument("--torch-dq-budget", type=float, default=4.0,
                    help="seconds per torch_dq point; slow points run fewer repeats (min 1)")
     args = p.parse_args()
 
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     nt = torch.get_num_threads()
     isa = ops.kleidiai_isa()
     print(f"torch {w4kernels.build_info()['torch']}  threads={nt}  kernel path={isa}  "

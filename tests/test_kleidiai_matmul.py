@@ -270,3 +270,27 @@ def test_compile_fullgraph():
     f = torch.compile(lambda x: ops.dyn_quant_matmul_4bit(x, packed, k, k, n) * 2, fullgraph=True)
     x = torch.randn(3, k)
     assert torch.equal(f(x), ops.dyn_quant_matmul_4bit(x, packed, k, k, n) * 2)
+
+
+def test_library_wide_isa_cap(monkeypatch):
+    """W4K_CPU_ISA (the cap every w4kernels CPU kernel honours) also caps isa="auto" here;
+    W4K_KLEIDIAI_ISA, when set, wins."""
+    monkeypatch.delenv("W4K_KLEIDIAI_ISA", raising=False)
+    monkeypatch.setenv("W4K_CPU_ISA", "scalar")
+    assert ops.kleidiai_isa() == "scalar"
+    if "avx2" in ISAS:
+        monkeypatch.setenv("W4K_CPU_ISA", "avx2")
+        assert ops.kleidiai_isa() in ("avx2", "avxvnni")
+        monkeypatch.setenv("W4K_KLEIDIAI_ISA", "avx2")
+        monkeypatch.setenv("W4K_CPU_ISA", "scalar")
+        assert ops.kleidiai_isa() == "avx2"
+
+
+def test_size_queries_under_fake_mode():
+    """The size ops take only ints, so the fakes can call them inside FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert ops.rhs_packed_size_qsi4cxp(13, 33) == reference.rhs_packed_size_qsi4cxp(13, 33)
+        assert ops.rhs_packed_size_qsi4c32p(13, 128, 64, 4) == reference.rhs_packed_size_qsi4c32p(13, 128, 64, 4)
+        assert ops.lhs_packed_size_qai8dxp(5, 100, 4) == reference.lhs_packed_size_qai8dxp(5, 100, 4)

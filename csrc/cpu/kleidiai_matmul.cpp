@@ -75,7 +75,14 @@ bool parse_isa(const char* name, Isa* out, const char** why) {
   if (s == "auto") {
     const char* env = std::getenv("W4K_KLEIDIAI_ISA");
     if (env == nullptr || *env == '\0' || std::string(env) == "auto") {
-      *out = best_isa();
+      // The library-wide cap W4K_CPU_ISA (scalar | avx2 | avx512) applies too.
+      Isa best = best_isa();
+      if (const char* cap = std::getenv("W4K_CPU_ISA")) {
+        const std::string c = cap;
+        if (c == "scalar") best = Isa::scalar;
+        else if (c == "avx2" && best > Isa::avx2) best = cpu_has(Isa::avxvnni) ? Isa::avxvnni : Isa::avx2;
+      }
+      *out = best;
       return true;
     }
     s = env;
