@@ -54,7 +54,9 @@ WITH_SIMT = os.environ.get("W4K_SIMT", "1") != "0"
 if WITH_CUDA and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
     os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
 
-CXX_FLAGS = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function", "-Wno-sign-compare"]
+# -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own AVX-512 intrinsics.
+CXX_FLAGS = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function", "-Wno-sign-compare",
+             "-Wno-maybe-uninitialized"]
 LINK_FLAGS = ["-fopenmp"]
 INCLUDES = [os.path.join(ROOT, "csrc")]
 

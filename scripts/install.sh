@@ -4,10 +4,10 @@
 # The full build log (with ptxas register/spill reports) is kept in build/w4kernels-build.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+python -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -r requirements.txt
 mkdir -p build
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-if ! python -m pip install --disable-pip-version-check --no-build-isolation --no-deps -v -e . \
+if ! python -m pip install --disable-pip-version-check --root-user-action=ignore --no-build-isolation --no-deps -v -e . \
         > build/w4kernels-build.log 2>&1; then
     tail -n 80 build/w4kernels-build.log
     echo "install.sh: build failed; full log in build/w4kernels-build.log" >&2

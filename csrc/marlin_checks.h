@@ -1,0 +1,67 @@
+// Argument checks of the Marlin repack ops, shared by the CPU, CUDA and SIMT bindings.
+#pragma once
+
+#include <optional>
+
+#include "checks.h"
+
+namespace w4k {
+
+// True when `perm` asks for act-order (vLLM passes an empty tensor for "no perm").
+inline bool has_perm(const std::optional<at::Tensor>& perm) {
+  return perm.has_value() && perm->numel() > 0;
+}
+
+// Every value of an int32 index tensor lies in [0, bound). Host tensors only: on a GPU this
+// would cost a device sync, so GPU callers check what they can without reading the data.
+inline void check_index_range(const char* op, const char* name, const at::Tensor& idx,
+                              int64_t bound) {
+  if (idx.device().type() != c10::DeviceType::CPU) return;
+  const int32_t* p = idx.data_ptr<int32_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    TORCH_CHECK(p[i] >= 0 && p[i] < bound, op, ": ", name, " values must lie in [0, ", bound,
+                "), got ", name, "[", i, "] = ", p[i]);
+  }
+}
+
+inline void check_marlin_sizes(const char* op, int64_t size_k, int64_t size_n,
+                               int64_t num_bits) {
+  check_num_bits(op, num_bits);
+  check_positive(op, "size_k", size_k);
+  check_positive(op, "size_n", size_n);
+  check_multiple(op, "size_k", size_k, 16);  // one Marlin tile is 16 rows of K
+  check_multiple(op, "size_n", size_n, 64);  // one Marlin chunk is 64 columns of N
+}
+
+inline void check_marlin_repack_args(const at::Tensor& b_q_weight,
+                                     const std::optional<at::Tensor>& perm, int64_t size_k,
+                                     int64_t size_n, int64_t num_bits, c10::DeviceType device) {
+  const char* op = "marlin_repack";
+  check_marlin_sizes(op, size_k, size_n, num_bits);
+  check_device(op, "b_q_weight", b_q_weight, device);
+  check_dtype(op, "b_q_weight", b_q_weight, at::kInt);
+  check_dim(op, "b_q_weight", b_q_weight, 2);
+  check_shape(op, "b_q_weight", b_q_weight, {size_k / 8, size_n});
+  check_contiguous(op, "b_q_weight", b_q_weight);
+  if (has_perm(perm)) {
+    check_same_device(op, "perm", *perm, "b_q_weight", b_q_weight);
+    check_dtype(op, "perm", *perm, at::kInt);
+    check_shape(op, "perm", *perm, {size_k});
+    check_contiguous(op, "perm", *perm);
+    check_index_range(op, "perm", *perm, size_k);
+  }
+}
+
+inline void check_awq_marlin_repack_args(const at::Tensor& b_q_weight, int64_t size_k,
+                                         int64_t size_n, int64_t num_bits,
+                                         c10::DeviceType device) {
+  const char* op = "awq_marlin_repack";
+  check_marlin_sizes(op, size_k, size_n, num_bits);
+  check_device(op, "b_q_weight", b_q_weight, device);
+  check_dtype(op, "b_q_weight", b_q_weight, at::kInt);
+  check_dim(op, "b_q_weight", b_q_weight, 2);
+  check_shape(op, "b_q_weight", b_q_weight, {size_k, size_n / 8});
+  check_contiguous(op, "b_q_weight", b_q_weight);
+}
+
+}  // namespace w4k

@@ -1,0 +1,133 @@
+"""``python -m w4kernels demo``: quantize one LLM-sized Linear layer and run every operator.
+
+The layer (default 4096 -> 11008, an MLP up-projection of a 7B model) is quantized to GPTQ
+(act-order, group 128) and AWQ (group 128), both are converted to Marlin, and every operator
+runs on the best device available. For each, the table gives the error against the float64
+reference of the same quantized weights (the kernel's own error), the error against the
+unquantized float layer (what quantization costs), and the median time next to a dense
+``torch.matmul`` on the same device.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import w4kernels
+from w4kernels import ops, quant, reference
+
+
+def _median_ms(fn, repeats):
+    fn()  # warm-up (first-touch, thread pool)
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _errors(out, ref):
+    """(max abs error, max abs error / max |ref|) of out against a float64 reference."""
+    err = (out.double().cpu() - ref.double().cpu()).abs().max().item()
+    return err, err / max(ref.abs().max().item(), 1e-30)
+
+
+class Table:
+    def __init__(self, dense_ms):
+        self.dense_ms = dense_ms
+        print(f"{'operator':<34}{'kernel err (abs / rel)':>26}{'vs float layer (rel)':>22}"
+              f"{'time ms':>10}{'vs dense':>10}")
+
+    def row(self, name, out, ref, float_ref, ms):
+        abs_err, rel_err = _errors(out, ref)
+        q_rel = _errors(out, float_ref)[1] if float_ref is not None else float("nan")
+        speed = self.dense_ms / ms
+        print(f"{name:<34}{abs_err:>14.3g} / {rel_err:<9.2g}{q_rel:>22.2g}{ms:>10.2f}"
+              f"{speed:>9.2f}x")
+
+
+def demo(args):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    size_k, size_n, size_m = args.k, args.n, args.m
+    print(f"w4kernels demo: Linear({size_k} -> {size_n}), M = {size_m} tokens, {dtype}, "
+          f"device = {device}")
+    print(f"build: {w4kernels.build_info()}; threads: {torch.get_num_threads()}")
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(size_k, size_n, bias=False)
+    w = linear.weight.detach().t().contiguous()  # [K, N], the orientation the kernels read
+    x = torch.randn(size_m, size_k).to(dtype)
+    float_ref = x.double() @ w.double()  # the unquantized layer
+
+    t0 = time.perf_counter()
+    gptq = quant.quantize_gptq(w, 128, act_order=True, dtype=dtype)
+    awq = quant.quantize_awq(w, 128, dtype=dtype)
+    print(f"quantized to GPTQ (act-order, g128) and AWQ (g128) in "
+          f"{time.perf_counter() - t0:.1f} s\n")
+
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    xd, wd = x.to(device), w.to(dtype).to(device)
+    dense_ms = _median_ms(lambda: torch.matmul(xd, wd), args.repeats)
+    dense32_ms = _median_ms(lambda: torch.matmul(xd.float(), wd.float()), args.repeats)
+    print(f"dense torch.matmul [{size_m}x{size_k}] @ [{size_k}x{size_n}]: {dense_ms:.2f} ms in "
+          f"{dtype}, {dense32_ms:.2f} ms in float32 ('vs dense' = dense {dtype} time / op time)\n")
+    table = Table(dense_ms)
+
+    # Repacks: byte-exact layout ops, so "error" is the count of differing words.
+    perm = torch.argsort(gptq.g_idx, stable=True).to(torch.int32)
+    gq, aq = to(gptq.qweight), to(awq.qweight)
+    marlin_g = ops.marlin_repack(gq, to(perm), size_k, size_n)
+    marlin_a = ops.awq_marlin_repack(aq, size_k, size_n)
+    ms_g = _median_ms(lambda: ops.marlin_repack(gq, to(perm), size_k, size_n), args.repeats)
+    ms_a = _median_ms(lambda: ops.awq_marlin_repack(aq, size_k, size_n), args.repeats)
+    diff_g = (marlin_g.cpu() != reference.marlin_repack(gptq.qweight, perm, size_k, size_n)).sum()
+    diff_a = (marlin_a.cpu() != reference.awq_marlin_repack(awq.qweight, size_k, size_n)).sum()
+    print(f"{'marlin_repack (GPTQ, act-order)':<34}{int(diff_g):>14d} words differ"
+          f"{'':>19}{ms_g:>10.2f}")
+    print(f"{'awq_marlin_repack':<34}{int(diff_a):>14d} words differ{'':>19}{ms_a:>10.2f}")
+
+    a_s, a_z = to(awq.scales), to(awq.qzeros)
+    w_awq = awq.dequantize()
+    out = ops.awq_dequantize(aq, a_s, a_z)
+    ms = _median_ms(lambda: ops.awq_dequantize(aq, a_s, a_z), args.repeats)
+    table.row("awq_dequantize", out, w_awq, w, ms)
+
+    out = ops.awq_gemm(xd, aq, a_s, a_z, 8)
+    ms = _median_ms(lambda: ops.awq_gemm(xd, aq, a_s, a_z, 8), args.repeats)
+    table.row("awq_gemm", out, x.double() @ w_awq.double(), float_ref, ms)
+
+    for name, src, mw in (("w4a16_gemm (GPTQ act-order)", gptq, quant.gptq_to_marlin(gptq)),
+                          ("w4a16_gemm (AWQ zero points)", awq, quant.awq_to_marlin(awq))):
+        args_ = (to(mw.b_q_weight), to(mw.b_scales), to(mw.b_zeros), to(mw.g_idx), to(mw.perm),
+                 to(mw.workspace), size_m, size_n, size_k)
+        run = lambda: ops.w4a16_gemm(xd, *args_)  # noqa: E731
+        out = run()
+        table.row(name, out, x.double() @ src.dequantize().double(), float_ref,
+                  _median_ms(run, args.repeats))
+
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m w4kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="quantize an LLM-sized Linear layer and run every operator")
+    d.add_argument("--m", type=int, default=16, help="tokens (activation rows)")
+    d.add_argument("--k", type=int, default=4096, help="in_features")
+    d.add_argument("--n", type=int, default=11008, help="out_features")
+    d.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    d.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    return demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
