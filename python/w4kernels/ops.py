@@ -279,11 +279,13 @@ def rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
 for _name in ("rhs_pack_nxk_qsi4cxp_qs4cxs1s0", "rhs_pack_kxn_qsi4cxp_qs4cxs1s0"):
     @_register_fake(_name)
     def _rhs_pack_qsi4cxp_fake(rhs, scale, bias, n, k, nr=8, kr=16, sr=2, rhs_zero_point=8):
+        _check_same_device("rhs_pack_qsi4cxp", rhs=rhs, scale=scale, bias=bias)
         return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr))
 
 for _name in ("rhs_pack_nxk_qsi4c32p_qsu4c32s1s0", "rhs_pack_kxn_qsi4c32p_qsu4c32s1s0"):
     @_register_fake(_name)
     def _rhs_pack_qsi4c32p_fake(rhs, scale, bias, n, k, bl, nr=8, kr=16, sr=2):
+        _check_same_device("rhs_pack_qsi4c32p", rhs=rhs, scale=scale, bias=bias)
         return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr))
 
 
@@ -348,6 +350,7 @@ def matmul_clamp_f32_qai8dxp_qsi4c32p(lhs_packed: torch.Tensor, rhs_packed: torc
 
 
 def _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype):
+    _check_same_device("matmul_clamp_f32_qai8dxp", lhs_packed=lhs_packed, rhs_packed=rhs_packed)
     torch._check(lhs_packed.dtype == torch.uint8 and rhs_packed.dtype == torch.uint8,
                  lambda: "lhs_packed and rhs_packed must be uint8")
     return lhs_packed.new_empty((m, n), dtype=out_dtype or torch.float32)
@@ -423,6 +426,7 @@ def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block
 @_register_fake("dyn_quant_matmul_4bit")
 def _dyn_quant_matmul_4bit_fake(inp, packed_weights, block_size, in_features, out_features,
                                 isa="auto"):
+    _check_same_device("dyn_quant_matmul_4bit", inp=inp, packed_weights=packed_weights)
     return inp.new_empty((*inp.shape[:-1], out_features))
 
 
