@@ -7,7 +7,7 @@ For M in {1, 4, 16, 64, 256} and (N, K) in {(4096, 4096), (11008, 4096), (4096, 
   fp32      torch.matmul(x, W.T) in float32 (MKL)
   bf16      torch.matmul in bfloat16 (oneDNN)
 and two machine probes:
-  copy      a 512 MiB tensor copy: (bytes read + bytes written) / time
+  copy      a 512 MiB tensor copy: (bytes read + bytes written) / time; also a read-only sum
   peak      the int8 dot-product peak of the threads used: independent vpdpbusd (AVX-512 VNNI)
             or vpmaddubsw+vpmaddwd (AVX2) chains on every thread (a tiny inline extension)
 
@@ -123,11 +123,13 @@ def timeit(fn, repeats, rotate=1):
     return statistics.median(ts), q[-1] / q[0]
 
 
-def copy_bandwidth(repeats):
+def bandwidths(repeats):
+    """(copy GB/s counting bytes read + written, read-only GB/s of a sum) over 512 MiB."""
     a = torch.ones(512 * 2 ** 20 // 4)
     b = torch.empty_like(a)
-    t, _ = timeit(lambda i: b.copy_(a), repeats)
-    return 2 * a.numel() * 4 / t
+    t_copy, _ = timeit(lambda i: b.copy_(a), repeats)
+    t_read, _ = timeit(lambda i: a.sum(), repeats)
+    return 2 * a.numel() * 4 / t_copy, a.numel() * 4 / t_read
 
 
 def main():
@@ -149,9 +151,11 @@ def main():
     isa = ops.kleidiai_isa()
     print(f"torch {w4kernels.build_info()['torch']}  threads={nt}  kernel path={isa}  "
           f"weights={'per-channel' if not args.block_size else f'per-block bl={args.block_size}'}")
-    bw = copy_bandwidth(args.repeats)
+    bw, bw_read = bandwidths(args.repeats)
     peak = int8_peak(isa)
-    print(f"copy bandwidth: {bw / 1e9:.1f} GB/s (read + write)   int8 peak ({nt} threads, "
+    print(f"copy bandwidth: {bw / 1e9:.1f} GB/s (read + write; %copy below is against this)  "
+          f"read-only (sum): {bw_read / 1e9:.1f} GB/s")
+    print(f"int8 peak ({nt} threads, "
           f"{'vpdpbusd zmm' if isa == 'avx512' else 'vpmaddubsw'}): "
           f"{'n/a' if peak is None else f'{peak / 1e9:.0f} GMAC/s'}")
     print("times: median ms; ratios = baseline time / our time; wGB/s = K*N/2 weight bytes / our "
