@@ -240,11 +240,15 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   for (int64_t kb = 0; kb < nkb; ++kb) {
     // Start each row's even lanes at -8 * (its LHS sum over this block): the pair sums then
     // come out as the signed dot products directly.
+    // Tiles of >= 4 rows have enough independent chains with one accumulator per row; smaller
+    // ones use two (kTwo) so the vpdpbusd latency does not serialize them.
+    constexpr bool kTwo = MT < 4;
     __m512i acc0[MT], acc1[MT];
     for (int i = 0; i < MT; ++i) {
       acc0[i] = _mm512_maskz_set1_epi32(0x5555, -8 * a.lhs_sums[(m0 + i) * nkb + kb]);
       acc1[i] = _mm512_setzero_si512();
     }
+#define W4K_ROW_SUM(i) (kTwo ? _mm512_add_epi32(acc0[i], acc1[i]) : acc0[i])
     const int8_t* lq[MT];
     for (int i = 0; i < MT; ++i) lq[i] = rows[i].q + kb * chunks * 4 * seg_step;
     for (int64_t c = 0; c < chunks; ++c) {
@@ -266,16 +270,17 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
         std::memcpy(&v1, p + seg_step, 8);
         std::memcpy(&v2, p + 2 * seg_step, 8);
         std::memcpy(&v3, p + 3 * seg_step, 8);
+        __m512i& acc_b = kTwo ? acc1[i] : acc0[i];
         acc0[i] = _mm512_dpbusd_epi32(acc0[i], s0l, _mm512_set1_epi64(v0));
-        acc1[i] = _mm512_dpbusd_epi32(acc1[i], s1l, _mm512_set1_epi64(v1));
+        acc_b = _mm512_dpbusd_epi32(acc_b, s1l, _mm512_set1_epi64(v1));
         acc0[i] = _mm512_dpbusd_epi32(acc0[i], s0h, _mm512_set1_epi64(v2));
-        acc1[i] = _mm512_dpbusd_epi32(acc1[i], s1h, _mm512_set1_epi64(v3));
+        acc_b = _mm512_dpbusd_epi32(acc_b, s1h, _mm512_set1_epi64(v3));
         lq[i] = p + 4 * seg_step;
       }
     }
     if (!per_block) {
       for (int i = 0; i < MT; ++i) {
-        const __m512i sum = _mm512_add_epi32(acc0[i], acc1[i]);
+        const __m512i sum = W4K_ROW_SUM(i);
         const __m256i pair = _mm512_cvtepi64_epi32(_mm512_add_epi32(sum, _mm512_srli_epi64(sum, 32)));
         dots[i] = pair;
       }
@@ -290,8 +295,8 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     const __m512 d2 = _mm512_castpd_ps(
         _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d)), _mm256_castps_pd(d), 1));
     for (int i = 0; i < MT; i += 2) {
-      const __m512i s0 = _mm512_add_epi32(acc0[i], acc1[i]);
-      const __m512i s1 = i + 1 < MT ? _mm512_add_epi32(acc0[i + 1], acc1[i + 1]) : s0;
+      const __m512i s0 = W4K_ROW_SUM(i);
+      const __m512i s1 = i + 1 < MT ? W4K_ROW_SUM(i + 1) : s0;
       const __m512i pair = _mm512_add_epi32(_mm512_permutex2var_epi32(s0, even_lanes, s1),
                                             _mm512_permutex2var_epi32(s0, odd_lanes, s1));
       const __m512 f = _mm512_cvtepi32_ps(_mm512_slli_epi32(pair, 4));
@@ -330,6 +335,8 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     _mm256_mask_storeu_ps(a.dst + (m0 + i) * a.dst_stride + nb * 8, store_mask, v);
   }
 }
+
+#undef W4K_ROW_SUM
 
 // ---- AVX2 kernel (optionally AVX-VNNI): nr = 8, kr / sr = 8 ------------------------------------
 // Same chunk as above, split into two ymm halves (rows 0-3, rows 4-7). Without VNNI, the four
