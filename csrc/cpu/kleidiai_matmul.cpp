@@ -139,6 +139,10 @@ inline float clampf(float v, float lo, float hi) {
   return v < hi ? v : hi;
 }
 
+// Keeps the compiler from fusing the multiply before it with an add after it (matters if the
+// file is ever built with FMA enabled, e.g. -march=native, and in the SIMD target functions).
+#define W4K_NO_CONTRACT(x) __asm__("" : "+v"(x))
+
 // ---- scalar kernel: any (mr, nr, kr, sr, bl) ----------------------------------------------------
 
 void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
@@ -188,6 +192,7 @@ void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
         std::memcpy(&bias, w + 4 * nr + 4 * r, 4);
         v = std::fma(rsum, float(row.offset), facc[r]);
         v = v * row.scale;
+        W4K_NO_CONTRACT(v);
         v = v + bias;
       } else {
         int32_t rsum;
@@ -198,15 +203,13 @@ void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
         const int32_t iacc = dot[r] * 16 + row.offset * rsum;
         v = float(iacc) * scale;
         v = v * row.scale;
+        W4K_NO_CONTRACT(v);
         v = v + bias;
       }
       out[r] = clampf(v, a.clamp_min, a.clamp_max);
     }
   }
 }
-
-// Keeps the compiler from fusing the multiply before it with an add after it.
-#define W4K_NO_CONTRACT(x) __asm__("" : "+v"(x))
 
 // ---- AVX-512 VNNI kernel: nr = 8, kr / sr = 8 --------------------------------------------------
 // One 32-k chunk of an nr-block is 128 bytes: s0 = 8 rows x 8 bytes (k 0-7 low, 16-23 high),

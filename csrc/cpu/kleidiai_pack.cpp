@@ -54,6 +54,7 @@ inline int64_t k_low(int64_t super, int64_t b, int64_t seg_bytes) {
 void quantize_row_scalar(const float* x, int64_t k, float scale, int32_t zp, int8_t* q) {
   for (int64_t i = 0; i < k; ++i) {
     float v = x[i] * scale;
+    __asm__("" : "+v"(v));  // v - trunc(v) below must not become an fma
     v = v < 65536.0f ? v : 65536.0f;
     v = v > -65536.0f ? v : -65536.0f;
     int32_t iv = int32_t(v);
@@ -233,9 +234,9 @@ void lhs_quant_pack_qai8dxp(int64_t m_begin, int64_t m_end, int64_t k, int64_t m
     const float rmax = mx > 0.0f ? mx : 0.0f;
     const float scale = rmin == rmax ? 1.0f : (qmax - qmin) / (rmax - rmin);
     const float recip = scale != 0.0f ? 1.0f / scale : 0.0f;
-    // Each product is rounded on its own (KleidiAI is built without FP contraction; this file
-    // is compiled for baseline x86-64, where no FMA exists to contract into).
-    const float dmin = rmin * scale, dmax = rmax * scale;
+    // Each product is rounded on its own, as in KleidiAI (built without FP contraction).
+    float dmin = rmin * scale, dmax = rmax * scale;
+    __asm__("" : "+v"(dmin), "+v"(dmax));  // no fused multiply-add even if FMA is enabled
     float zp = (qmin + dmin) + (qmax + dmax) > 0.0f ? qmin - dmin : qmax - dmax;
     zp = zp > qmin ? zp : qmin;
     zp = zp < qmax ? zp : qmax;
