@@ -19,13 +19,21 @@ Usage: PYTHONPATH=python python benchmarks/bench_kleidiai.py [--repeats 9] [--bl
 """
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+# Spinning OpenMP workers make every multi-threaded library (ours, MKL, oneDNN) collapse to
+# whole scheduler time slices (times of exactly 4, 8, 16 ms) when the machine is shared with
+# other busy processes: a worker that spun away its slice is descheduled when the next parallel
+# region needs it. Sleeping workers wake promptly. It must be set before OpenMP starts, and it
+# applies to all baselines alike; export OMP_WAIT_POLICY=ACTIVE to measure the default.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import w4kernels
-from w4kernels import ops
+import torch  # noqa: E402
+
+import w4kernels  # noqa: E402
+from w4kernels import ops  # noqa: E402
 
 L3_BYTES = 32 * 2 ** 20
 
@@ -150,6 +158,7 @@ def main():
     nt = torch.get_num_threads()
     isa = ops.kleidiai_isa()
     print(f"torch {w4kernels.build_info()['torch']}  threads={nt}  kernel path={isa}  "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}  "
           f"weights={'per-channel' if not args.block_size else f'per-block bl={args.block_size}'}")
     bw, bw_read = bandwidths(args.repeats)
     peak = int8_peak(isa)
