@@ -113,7 +113,30 @@ def demo(args):
         table.row(name, out, x.double() @ src.dequantize().double(), float_ref,
                   _median_ms(run, args.repeats))
 
+    _kleidiai_rows(table, x, w, float_ref, args.repeats)
     return 0
+
+
+def _kleidiai_rows(table, x, w, float_ref, repeats):
+    """KleidiAI formats (CPU kernels): dynamic int8 activations x int4 weights, through the
+    drop-in for torch.ops.aten._dyn_quant_pack_4bit_weight / _dyn_quant_matmul_4bit. The kernel
+    error includes the int8 quantization of the activations (the reference uses float x)."""
+    size_k, size_n = w.shape
+    xf = x.float()
+    for label, group_size, scale_dtype in (("per-block bl=32", 32, torch.bfloat16),
+                                           ("per-channel", -1, torch.float32)):
+        g = quant.quantize_gptq(w, group_size, dtype=scale_dtype)
+        codes = reference.unpack_rows(g.qweight, size_k).t().to(torch.uint8)  # [N, K], zero 8
+        weights = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # low nibble = even k
+        block = size_k if group_size == -1 else group_size
+        scales = g.scales.t().contiguous().reshape(size_n, -1)
+        if group_size == -1:
+            scales = scales.reshape(size_n)
+        packed = ops.dyn_quant_pack_4bit_weight(weights, scales, None, block, size_k, size_n)
+        run = lambda: ops.dyn_quant_matmul_4bit(xf, packed, block, size_k, size_n)  # noqa: E731
+        out = run()
+        table.row(f"kleidiai int8 x int4 ({label})", out, x.double() @ g.dequantize(exact=True),
+                  float_ref, _median_ms(run, repeats))
 
 
 def main(argv=None):

@@ -35,9 +35,13 @@ class GPTQWeight:
     size_k: int
     size_n: int
 
-    def dequantize(self) -> torch.Tensor:
-        """``(q - 8) * s[g_idx[k]]`` as [K, N] in the scales' dtype (one rounding)."""
+    def dequantize(self, exact: bool = False) -> torch.Tensor:
+        """``(q - 8) * s[g_idx[k]]`` as [K, N]: rounded once to the scales' dtype (what the
+        Marlin kernels multiply with), or, with ``exact``, unrounded in float64 (what int8 x
+        int4 kernels that apply the scale after the integer dot product compute with)."""
         q = reference.unpack_rows(self.qweight, self.size_k)
+        if exact:
+            return (q - 8).double() * self.scales.double()[self._groups()]
         return ((q - 8).float() * self.scales.float()[self._groups()] + 0.0).to(self.scales.dtype)
 
     def _groups(self) -> torch.Tensor:
