@@ -107,11 +107,18 @@ class StackPool {
     // poisoned in ASan's shadow; the next fiber on this stack must start clean.
     __asan_unpoison_memory_region(s.bottom(), s.size());
 #endif
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(s);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.size() < kMaxPooled) {
+        free_.push_back(s);
+        return;
+      }
+    }
+    munmap(s.base, s.total);  // a burst of concurrent blocks: do not keep its pages forever
   }
 
  private:
+  static constexpr size_t kMaxPooled = 4096;  // 16 blocks of 256 threads
   std::mutex mu_;
   std::vector<Stack> free_;
 };
