@@ -10,8 +10,10 @@ differs per build:
 * ``bug_shared_memory_overflow``: ASan must report a heap-buffer-overflow in the kernel (the
   plain build cannot see it and skips it).
 
-Also: the ucontext fallback build runs the block/warp cases, nvcc compiles every wrapper for
-sm_80 and sm_90 (when nvcc is present), and no C/C++ source outside ptx.cuh contains asm.
+Also: a third build with -DW4K_SIMT_UCONTEXT (the portable fiber switch) runs the scheduling
+cases; every correct case passes again with the threads of each block run in reverse and in
+shuffled order; inter-block locks complete with a single run slot; nvcc compiles every wrapper
+for sm_80 and sm_90 (when nvcc is present); and no C/C++ source outside ptx.cuh contains asm.
 """
 
 import concurrent.futures
@@ -33,7 +35,7 @@ NVCC = shutil.which("nvcc") or (
 
 # -g1 (line tables) keeps sanitizer reports symbolized at a fraction of -g's compile time; the
 # ASan+UBSan build is -O0: it compiles 3x faster than -O1 under UBSan and sees every access.
-COMMON = ["-std=c++20", "-g1", "-Wall", "-Wno-sign-compare", "-fno-strict-aliasing",
+COMMON = ["-std=c++20", "-g1", "-Wall", "-Wextra", "-Werror", "-Wno-sign-compare", "-fno-strict-aliasing",
           "-DW4K_SIMT=1", "-I" + CSRC, "-pthread"]
 BUILDS = {
     "plain": ["-O1"],

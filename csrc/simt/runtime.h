@@ -162,8 +162,7 @@ struct Launch {
   size_t smem_bytes = 0;
   int64_t nblocks = 0;
   std::mutex mu;
-  std::condition_variable cv;
-  int permits = 1;
+  std::condition_variable cv;  // alive changes
   int alive = 0;
   std::atomic<bool> abort{false};
   std::exception_ptr error;
@@ -171,24 +170,56 @@ struct Launch {
   int schedule = 0;  // 0 forward, 1 reverse, 2 shuffled (see Block::run)
   int seed = 0;
 
+  // Run slots, handed over first come first served: a spinning block that gives its slot away
+  // must not grab it back before the blocks (or the dispatcher) already waiting for one.
+  int permits = 1;
+  struct Waiter {
+    std::condition_variable cv;
+    bool granted = false;
+  };
+  std::deque<Waiter*> waiters;
+
+  void release_permit_locked() {
+    if (waiters.empty()) {
+      ++permits;
+      return;
+    }
+    Waiter* w = waiters.front();
+    waiters.pop_front();
+    w->granted = true;
+    w->cv.notify_one();
+  }
+  void release_permit() {
+    std::lock_guard<std::mutex> lock(mu);
+    release_permit_locked();
+  }
+  // false if the launch was aborted (no permit held then)
+  bool acquire_permit() {
+    std::unique_lock<std::mutex> lock(mu);
+    if (abort) return false;
+    if (permits > 0 && waiters.empty()) {
+      --permits;
+      return true;
+    }
+    Waiter me;
+    waiters.push_back(&me);
+    me.cv.wait(lock, [&] { return me.granted || abort.load(); });
+    if (!me.granted) {
+      waiters.erase(std::find(waiters.begin(), waiters.end(), &me));
+      return false;
+    }
+    if (abort) {
+      release_permit_locked();
+      return false;
+    }
+    return true;
+  }
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
     if (!error) error = e;
     abort = true;
+    for (Waiter* w : waiters) w->cv.notify_one();
     cv.notify_all();
-  }
-  void release_permit() {
-    std::lock_guard<std::mutex> lock(mu);
-    ++permits;
-    cv.notify_all();
-  }
-  // false if the launch was aborted meanwhile (no permit taken then)
-  bool acquire_permit() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return permits > 0 || abort.load(); });
-    if (abort) return false;
-    --permits;
-    return true;
   }
 };
 

@@ -132,10 +132,10 @@ inline unsigned __activemask() {
 }
 
 // ---- atomics (device-wide, sequentially consistent) ----
-#define W4K_SIMT_ATOMIC(name, T, expr)                       \
-  W4K_SIMT_ENTRY inline T name(T* p, T v) {                  \
-    return ::simt::atomic_rmw(                               \
-        p, [v](T old) -> T { return expr; }, W4K_SIMT_SITE); \
+#define W4K_SIMT_ATOMIC(name, T, expr)                                    \
+  W4K_SIMT_ENTRY inline T name(T* p, T v) {                               \
+    return ::simt::atomic_rmw(                                            \
+        p, [v](T old) -> T { return (void)old, (expr); }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC(atomicAdd, int, old + v)
 W4K_SIMT_ATOMIC(atomicAdd, unsigned, old + v)

@@ -145,11 +145,13 @@ TEST(inter_block_lock_reverse_order_needs_concurrency) {
 }
 
 namespace {
-// The same reverse chain, but the whole warp spins and votes in every iteration: the spinning
+// The same reverse chain, but every warp spins and votes in every iteration: the spinning
 // threads keep reaching a collective, so "all threads only re-read" never holds for a round.
+// (Wait for `lock >= me`, not `lock == me`: thread 0 may release the next block before the
+// other warps have seen their turn; the reverse schedule caught that race in this test.)
 __global__ void reverse_chain_vote_kernel(int* lock, int* order, int nblocks) {
   const int me = nblocks - 1 - int(blockIdx.x);
-  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) != me)) {
+  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) < me)) {
   }
   if (threadIdx.x == 0) {
     order[me] = int(blockIdx.x);
