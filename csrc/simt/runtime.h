@@ -85,6 +85,8 @@ struct Barrier {
   const void* site = nullptr;  // __syncthreads: call site of the first arrival
   bool syncthreads = false;
   std::vector<int> waiters;
+  int pred_count = 0;  // __syncthreads_count/and/or: nonzero predicates of this round
+  int last_count = 0;  // ... of the round that completed last (read by the released threads)
 };
 
 // A warp collective being assembled: lanes in `mask` arrive one by one at the same call site;
@@ -331,7 +333,8 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 // bar.sync id, count (count = all threads for __syncthreads). Every thread of the block must
 // reach the same __syncthreads call site; threads that have exited never arrive, which is an
 // error (not the hardware's "exited threads count as arrived"): it is undefined behaviour in CUDA.
-inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
+// Returns how many arriving threads passed a nonzero `pred` (__syncthreads_count & co).
+inline int barrier_arrive(int id, int count, const void* site, bool syncthreads, int pred = 0) {
   Fiber& f = current();
   Block& b = *f.block;
   if (id < 0 || id >= 16)
@@ -360,11 +363,15 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
                 b.where_tid(bar.waiters.front()) + ", wait at call site " + site_str(bar.site));
   }
   ++bar.arrived;
+  bar.pred_count += pred != 0;
   if (bar.arrived == bar.expected) {
     for (int t : bar.waiters) b.fibers[t].state = FiberState::Ready;
     bar.waiters.clear();
     bar.arrived = 0;
-    return;
+    // The released threads read last_count before any of them can arrive here again.
+    bar.last_count = bar.pred_count;
+    bar.pred_count = 0;
+    return bar.last_count;
   }
   bar.waiters.push_back(f.tid);
   f.state = FiberState::Waiting;
@@ -372,6 +379,7 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
   f.wait_site = site;
   f.wait_barrier = id;
   suspend(StopReason::Blocked);
+  return bar.last_count;
 }
 
 // ---- warp rendezvous ----

@@ -89,6 +89,17 @@ constexpr int warpSize = 32;
 W4K_SIMT_ENTRY inline void __syncthreads() {
   ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true);
 }
+W4K_SIMT_ENTRY inline int __syncthreads_count(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred);
+}
+W4K_SIMT_ENTRY inline int __syncthreads_and(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) ==
+         ::simt::current_block().nthreads;
+}
+W4K_SIMT_ENTRY inline int __syncthreads_or(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) !=
+         0;
+}
 W4K_SIMT_ENTRY inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::simt::rendezvous("__syncwarp", &::simt::syncwarp_compute, mask, nullptr, nullptr, nullptr);
 }
