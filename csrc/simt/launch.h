@@ -120,7 +120,7 @@ inline void block_thread(Launch* L, int64_t linear) {
     L->fail(std::current_exception());
   }
   std::lock_guard<std::mutex> lock(L->mu);
-  if (holds_permit) ++L->permits;
+  if (holds_permit) L->release_permit_locked();
   --L->alive;
   L->cv.notify_all();
 }
@@ -141,7 +141,7 @@ inline void run_grid(Launch& L) {
       {
         std::lock_guard<std::mutex> lock(L.mu);
         --L.alive;
-        ++L.permits;
+        L.release_permit_locked();
       }
       L.fail(std::current_exception());
       break;

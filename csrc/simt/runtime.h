@@ -85,6 +85,8 @@ struct Barrier {
   const void* site = nullptr;  // __syncthreads: call site of the first arrival
   bool syncthreads = false;
   std::vector<int> waiters;
+  int pred_count = 0;  // __syncthreads_count/and/or: nonzero predicates of this round
+  int last_count = 0;  // ... of the round that completed last (read by the released threads)
 };
 
 // A warp collective being assembled: lanes in `mask` arrive one by one at the same call site;
@@ -162,8 +164,7 @@ struct Launch {
   size_t smem_bytes = 0;
   int64_t nblocks = 0;
   std::mutex mu;
-  std::condition_variable cv;
-  int permits = 1;
+  std::condition_variable cv;  // alive changes
   int alive = 0;
   std::atomic<bool> abort{false};
   std::exception_ptr error;
@@ -171,24 +172,56 @@ struct Launch {
   int schedule = 0;  // 0 forward, 1 reverse, 2 shuffled (see Block::run)
   int seed = 0;
 
+  // Run slots, handed over first come first served: a spinning block that gives its slot away
+  // must not grab it back before the blocks (or the dispatcher) already waiting for one.
+  int permits = 1;
+  struct Waiter {
+    std::condition_variable cv;
+    bool granted = false;
+  };
+  std::deque<Waiter*> waiters;
+
+  void release_permit_locked() {
+    if (waiters.empty()) {
+      ++permits;
+      return;
+    }
+    Waiter* w = waiters.front();
+    waiters.pop_front();
+    w->granted = true;
+    w->cv.notify_one();
+  }
+  void release_permit() {
+    std::lock_guard<std::mutex> lock(mu);
+    release_permit_locked();
+  }
+  // false if the launch was aborted (no permit held then)
+  bool acquire_permit() {
+    std::unique_lock<std::mutex> lock(mu);
+    if (abort) return false;
+    if (permits > 0 && waiters.empty()) {
+      --permits;
+      return true;
+    }
+    Waiter me;
+    waiters.push_back(&me);
+    me.cv.wait(lock, [&] { return me.granted || abort.load(); });
+    if (!me.granted) {
+      waiters.erase(std::find(waiters.begin(), waiters.end(), &me));
+      return false;
+    }
+    if (abort) {
+      release_permit_locked();
+      return false;
+    }
+    return true;
+  }
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
     if (!error) error = e;
     abort = true;
+    for (Waiter* w : waiters) w->cv.notify_one();
     cv.notify_all();
-  }
-  void release_permit() {
-    std::lock_guard<std::mutex> lock(mu);
-    ++permits;
-    cv.notify_all();
-  }
-  // false if the launch was aborted meanwhile (no permit taken then)
-  bool acquire_permit() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return permits > 0 || abort.load(); });
-    if (abort) return false;
-    --permits;
-    return true;
   }
 };
 
@@ -300,7 +333,8 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 // bar.sync id, count (count = all threads for __syncthreads). Every thread of the block must
 // reach the same __syncthreads call site; threads that have exited never arrive, which is an
 // error (not the hardware's "exited threads count as arrived"): it is undefined behaviour in CUDA.
-inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
+// Returns how many arriving threads passed a nonzero `pred` (__syncthreads_count & co).
+inline int barrier_arrive(int id, int count, const void* site, bool syncthreads, int pred = 0) {
   Fiber& f = current();
   Block& b = *f.block;
   if (id < 0 || id >= 16)
@@ -329,11 +363,15 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
                 b.where_tid(bar.waiters.front()) + ", wait at call site " + site_str(bar.site));
   }
   ++bar.arrived;
+  bar.pred_count += pred != 0;
   if (bar.arrived == bar.expected) {
     for (int t : bar.waiters) b.fibers[t].state = FiberState::Ready;
     bar.waiters.clear();
     bar.arrived = 0;
-    return;
+    // The released threads read last_count before any of them can arrive here again.
+    bar.last_count = bar.pred_count;
+    bar.pred_count = 0;
+    return bar.last_count;
   }
   bar.waiters.push_back(f.tid);
   f.state = FiberState::Waiting;
@@ -341,6 +379,7 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
   f.wait_site = site;
   f.wait_barrier = id;
   suspend(StopReason::Blocked);
+  return bar.last_count;
 }
 
 // ---- warp rendezvous ----

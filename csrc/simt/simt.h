@@ -89,6 +89,17 @@ constexpr int warpSize = 32;
 W4K_SIMT_ENTRY inline void __syncthreads() {
   ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true);
 }
+W4K_SIMT_ENTRY inline int __syncthreads_count(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred);
+}
+W4K_SIMT_ENTRY inline int __syncthreads_and(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) ==
+         ::simt::current_block().nthreads;
+}
+W4K_SIMT_ENTRY inline int __syncthreads_or(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) !=
+         0;
+}
 W4K_SIMT_ENTRY inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::simt::rendezvous("__syncwarp", &::simt::syncwarp_compute, mask, nullptr, nullptr, nullptr);
 }
@@ -132,10 +143,10 @@ inline unsigned __activemask() {
 }
 
 // ---- atomics (device-wide, sequentially consistent) ----
-#define W4K_SIMT_ATOMIC(name, T, expr)                       \
-  W4K_SIMT_ENTRY inline T name(T* p, T v) {                  \
-    return ::simt::atomic_rmw(                               \
-        p, [v](T old) -> T { return expr; }, W4K_SIMT_SITE); \
+#define W4K_SIMT_ATOMIC(name, T, expr)                                    \
+  W4K_SIMT_ENTRY inline T name(T* p, T v) {                               \
+    return ::simt::atomic_rmw(                                            \
+        p, [v](T old) -> T { return (void)old, (expr); }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC(atomicAdd, int, old + v)
 W4K_SIMT_ATOMIC(atomicAdd, unsigned, old + v)

@@ -49,6 +49,33 @@ __global__ void reduce_kernel(const float* in, float* out) {
 }
 }  // namespace
 
+namespace {
+__global__ void syncthreads_count_kernel(const int* pred, int* out) {
+  const int t = int(threadIdx.x);
+  for (int round = 0; round < 3; ++round) {  // the same barrier, reused with new predicates
+    const int p = pred[round * blockDim.x + t];
+    out[(round * 3 + 0) * blockDim.x + t] = __syncthreads_count(p);
+    out[(round * 3 + 1) * blockDim.x + t] = __syncthreads_and(p);
+    out[(round * 3 + 2) * blockDim.x + t] = __syncthreads_or(p);
+  }
+}
+}  // namespace
+
+TEST(syncthreads_count_and_or) {
+  const int n = 96;
+  std::vector<int> pred(3 * n), out(9 * n, -1);
+  for (int t = 0; t < n; ++t) {
+    pred[t] = t % 3 == 0 ? 5 : 0;  // 32 of 96
+    pred[n + t] = 1;               // all
+    pred[2 * n + t] = 0;           // none
+  }
+  W4K_LAUNCH(syncthreads_count_kernel, dim3(1), dim3(n), 0, nullptr, pred.data(), out.data());
+  const int want[3][3] = {{32, 0, 1}, {96, 1, 1}, {0, 0, 0}};
+  for (int r = 0; r < 3; ++r)
+    for (int k = 0; k < 3; ++k)
+      for (int t = 0; t < n; ++t) CHECK_EQ(out[(r * 3 + k) * n + t], want[r][k]);
+}
+
 TEST(syncthreads_tree_reduction_static_shared) {
   const int blocks = 6;
   std::vector<float> in(256 * blocks), out(blocks);
@@ -145,11 +172,13 @@ TEST(inter_block_lock_reverse_order_needs_concurrency) {
 }
 
 namespace {
-// The same reverse chain, but the whole warp spins and votes in every iteration: the spinning
+// The same reverse chain, but every warp spins and votes in every iteration: the spinning
 // threads keep reaching a collective, so "all threads only re-read" never holds for a round.
+// (Wait for `lock >= me`, not `lock == me`: thread 0 may release the next block before the
+// other warps have seen their turn; the reverse schedule caught that race in this test.)
 __global__ void reverse_chain_vote_kernel(int* lock, int* order, int nblocks) {
   const int me = nblocks - 1 - int(blockIdx.x);
-  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) != me)) {
+  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) < me)) {
   }
   if (threadIdx.x == 0) {
     order[me] = int(blockIdx.x);

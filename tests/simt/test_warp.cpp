@@ -326,8 +326,7 @@ TEST(cp_async_and_ldmatrix_on_static_shared) {
       std::memcpy(&rows[8 * i + r], v, 16);
     }
   std::vector<uint32_t> out(3 * 128);
-  W4K_LAUNCH(static_smem_pipeline_kernel, dim3(3), dim3(32), 0, nullptr, rows.data(),
-             out.data());
+  W4K_LAUNCH(static_smem_pipeline_kernel, dim3(3), dim3(32), 0, nullptr, rows.data(), out.data());
   for (int b = 0; b < 3; ++b)
     for (int t = 0; t < 32; ++t)
       for (int i = 0; i < 4; ++i) {
