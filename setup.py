@@ -55,8 +55,10 @@ if WITH_CUDA and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
     os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
 
 # -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own AVX-512 intrinsics.
+# -g0 overrides the -g Python's own CFLAGS add: debug info roughly doubles the time spent on
+# torch's headers and CI time is a budget (the emulator module keeps line tables, below).
 CXX_FLAGS = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function", "-Wno-sign-compare",
-             "-Wno-maybe-uninitialized"]
+             "-Wno-maybe-uninitialized", "-g0"]
 LINK_FLAGS = ["-fopenmp"]
 INCLUDES = [os.path.join(ROOT, "csrc")]
 
@@ -86,7 +88,9 @@ if WITH_SIMT and SIMT_SOURCES:
     # Type punning through reinterpret_cast is everywhere in CUDA kernels: the emulator build
     # must not let the host compiler assume strict aliasing.
     # -Wno-unknown-pragmas: kernels keep their "#pragma unroll" for nvcc; g++ does not know it.
-    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1", "-Wno-unknown-pragmas"]
+    # -g1: line tables, so the emulator's call-site addresses resolve with addr2line.
+    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1", "-Wno-unknown-pragmas",
+                              "-g1"]
     ext_modules.append(cpp_extension.CppExtension(
         "w4kernels._simt", SIMT_SOURCES, include_dirs=INCLUDES,
         extra_compile_args={"cxx": simt_flags}, extra_link_args=LINK_FLAGS + ["-pthread"]))
