@@ -133,7 +133,9 @@ def test_force_path_with_env(monkeypatch):
         run(lp, rp, m, n, k)
 
 
-def test_best_path_is_used_by_default():
+def test_best_path_is_used_by_default(monkeypatch):
+    monkeypatch.delenv("W4K_KLEIDIAI_ISA", raising=False)
+    monkeypatch.delenv("W4K_CPU_ISA", raising=False)
     expected = {"avx512": ["avx512f", "avx512_vnni"], "avx2": ["avx2"]}
     flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
     best = ops.kleidiai_isa()
