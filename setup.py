@@ -81,17 +81,29 @@ else:
 
 SIMT_SOURCES = _rel("csrc/simt/*.cpp")
 if WITH_SIMT and SIMT_SOURCES:
+    # [simt] the emulator's fiber context switch is a hand-written .S (no inline asm in C++).
+    SIMT_SOURCES += _rel("csrc/simt/*.S")
     # Type punning through reinterpret_cast is everywhere in CUDA kernels: the emulator build
     # must not let the host compiler assume strict aliasing.
-    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1"]
+    # -Wno-unknown-pragmas: kernels keep their "#pragma unroll" for nvcc; g++ does not know it.
+    simt_flags = CXX_FLAGS + ["-fno-strict-aliasing", "-DW4K_SIMT=1", "-Wno-unknown-pragmas"]
     ext_modules.append(cpp_extension.CppExtension(
         "w4kernels._simt", SIMT_SOURCES, include_dirs=INCLUDES,
         extra_compile_args={"cxx": simt_flags}, extra_link_args=LINK_FLAGS + ["-pthread"]))
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """torch's BuildExtension that also accepts '.S' sources ([simt] fiber switch)."""
+
+    def build_extensions(self):
+        if ".S" not in self.compiler.src_extensions:
+            self.compiler.src_extensions.append(".S")
+        super().build_extensions()
+
 
 setup(
     name="w4kernels",
     packages=find_packages("python"),
     package_dir={"": "python"},
     ext_modules=ext_modules,
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    cmdclass={"build_ext": BuildExtension},
 )

@@ -151,3 +151,29 @@ def test_awq_wrong_and_mixed_devices():
         _cpu_kernel("awq_gemm")(torch.zeros(2, 64, dtype=H, device="meta"), q, s, z, 8)
     with pytest.raises(RuntimeError, match=r"awq_gemm: all tensors must be on the same device"):
         ops.awq_gemm(torch.zeros(2, 64, dtype=H, device="meta"), q, s, z, 8)
+
+
+# ---- the emulator build reports the same errors -------------------------------------------------
+
+
+def _message(fn, *args):
+    try:
+        fn(*args)
+    except RuntimeError as e:
+        return str(e).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize("name,args", [pytest.param("marlin_repack", a, id=d) for d, a, _ in REPACK_CASES]
+                         + [pytest.param("awq_marlin_repack", a, id="awq-" + d) for d, a, _ in AWQ_REPACK_CASES]
+                         + [pytest.param("awq_dequantize", (*f(*_awq()), 0, 0, 0), id="deq-" + d)
+                            for d, f, _ in AWQ_CASES])
+def test_simt_errors_match_cpu(name, args):
+    """The CUDA bindings share the check functions; the emulator build proves it here."""
+    import w4kernels
+
+    if not w4kernels.HAS_SIMT:
+        pytest.skip("w4kernels._simt was not built (W4K_SIMT=0)")
+    cpu = _message(getattr(torch.ops.w4kernels, name), *args)
+    simt = _message(getattr(torch.ops.w4kernels_simt, name), *args)
+    assert cpu is not None and cpu == simt

@@ -94,14 +94,23 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
                use_fp32_reduce: bool = True, num_bits: int = 4) -> torch.Tensor:
     """fp16/bf16 activations times a Marlin int4 weight (vLLM ``gptq_marlin_gemm`` semantics).
 
-    ``out[m, n] = sum_k a[m, k] * w[k, n] (+ b_bias[n])`` with fp32 accumulation, where the
-    weight row r of the Marlin layout holds activation column ``perm[r]`` (act-order) or r, and
-    ``w[r, n] = (q[r, n] - z) * s`` with ``q`` the uint4 code, ``s = b_scales[g(r), n]``,
-    ``z = 8`` (GPTQ, symmetric) or the unpacked Marlin zero point ``b_zeros[g(r), n]`` (AWQ),
-    and ``g(r) = g_idx[r]`` (act-order) or ``r // group_size`` (``group_size = K / G``).
+    ``out[m, n] = sum_r a[m, perm[r]] * w[r, n] (+ b_bias[n])``, where the weight row r of the
+    Marlin layout holds activation column ``perm[r]`` (act-order) or r, and
+    ``w[r, n] = (q[r, n] - z) * s`` rounded once to ``a``'s dtype (as Marlin dequantizes to
+    fp16/bf16 before its fp32-accumulating mma) with ``q`` the uint4 code,
+    ``s = b_scales[g(r), n]``, ``z = 8`` (GPTQ, symmetric) or the unpacked Marlin zero point
+    ``b_zeros[g(r), n]`` (AWQ), and ``g(r) = g_idx[r]`` (act-order) or ``r // group_size``
+    (``group_size = K / G``). The products are accumulated in fp32, the bias is added in fp32,
+    and the result is rounded once to ``a``'s dtype. (vLLM's GPU kernel applies per-channel
+    (G = 1) scales after the accumulation instead, ``half(half(acc) * s)``; the two differ by
+    about an ulp of the output.)
+
+    None and empty tensors both mean "absent" for ``b_zeros``, ``g_idx``, ``perm`` and
+    ``b_bias``; ``g_idx`` and ``perm`` come together. M = 0 gives an empty ``[0, N]`` result.
 
     Args:
-        a: float16 or bfloat16 ``[M, K]`` (row stride may exceed K).
+        a: float16 or bfloat16 ``[M, K]``, unit stride along K (row stride may exceed K).
+            Every other tensor must be contiguous.
         b_q_weight: int32 ``[K/16, 2N]``, Marlin layout (:func:`marlin_repack`).
         b_scales: same dtype as ``a``, ``[G, N]``, permuted with
             :func:`w4kernels.quant.marlin_permute_scales`. G = 1 means per-channel.
@@ -109,10 +118,12 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
             None for symmetric weights (zero point 8).
         g_idx: int32 ``[K]`` group of each Marlin row, *sorted* (``g_idx[perm]``), or None.
         perm: int32 ``[K]`` act-order permutation (``argsort`` of the GPTQ g_idx), or None.
-        workspace: int32, at least ``N / 64 * 16`` elements, zero-filled (GPU lock array).
+        workspace: int32, at least ``N / 64 * 16`` elements, zero-filled (GPU lock array;
+            checked but not used by the CPU kernel).
         size_m, size_n, size_k: M, N, K. K is the local K of this shard.
         is_k_full: False when this is a row-parallel shard of an act-order layer: ``b_scales``
-            then holds every group of the full layer and ``g_idx`` indexes it directly.
+            then holds every group of the full layer and ``g_idx`` indexes it directly. With
+            act-order and ``is_k_full``, G must divide K (without act-order it always must).
         b_bias: optional ``[N]`` bias in ``a``'s dtype.
         use_fp32_reduce: accumulate split-K partial sums in fp32 (always true on CPU).
         num_bits: 4.

@@ -1,0 +1,214 @@
+// CPU kernel of w4a16_gemm: fp32 activations x Marlin int4 weight -> fp32 [M, N]. Torch-free:
+// raw pointers and sizes; the binding (w4a16_gemm.cpp) converts/permutes a, converts the scales
+// and the output, and runs `w4a16_gemm_cpu_chunks` over column chunks in parallel.
+//
+// Numerics (vLLM gptq_marlin_gemm): each weight is dequantized to the activation's half type,
+// w = half((q - z) * s) with ONE round-to-nearest-even ((q - z) * s is exact in fp32: a 5-bit
+// integer times an 11-bit (fp16) or 8-bit (bf16) significand), then the products a * w are
+// accumulated in fp32. The binding rounds the fp32 result (+ bias) to half once.
+//
+// Work unit: one 64-column chunk (Marlin words [kt, 128*ch .. 128*ch + 127] for every k-tile kt)
+// times a range of rows of a. Blocked path: per k-tile the 128 words decode into a 16 x 64 block
+// `wbuf` whose columns are a fixed permutation (`colperm`) of the chunk's 64 columns, chosen so
+// the AVX-512 decode needs no scatter; the accumulators use the same column order and are
+// un-permuted when the chunk is written out. Few rows (AVX-512): per-column lookup tables.
+//
+// Files: w4a16_gemm_layout.h (problem, Marlin index tables, scalar rounding),
+// w4a16_gemm_avx512.h (the AVX-512 paths), this file (portable path, CPU dispatch, driver).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "cpu/w4a16_gemm_avx512.h"
+#include "cpu/w4a16_gemm_layout.h"
+
+namespace w4k::cpu {
+
+// ---- generic path (plain C++, auto-vectorized at -O3) ------------------------------------------
+
+// One k-tile (16 rows) of chunk words -> wbuf[16][64] (permuted columns). srow[r] / zrow[r]:
+// decoded scales / zero points (wbuf column order) of row r's group; zrow == nullptr -> z = 8.
+inline void dequant_tile_generic(const int32_t* words, const float* const* srow,
+                                 const float* const* zrow, HalfType type, float* wbuf) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int r = 0; r < 16; ++r) {
+    for (int x = 0; x < 64; ++x) {
+      int q = (static_cast<uint32_t>(words[tb.wsrc_word[r][x]]) >> tb.wsrc_shift[r][x]) & 0xf;
+      float z = zrow ? zrow[r][x] : 8.0f;
+      float w = (static_cast<float>(q) - z) * srow[r][x];  // exact in fp32
+      wbuf[r * 64 + x] = type == HalfType::kFloat16 ? round_to_fp16(w) : round_to_bf16(w);
+    }
+  }
+}
+
+// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64] for rows i < rows.
+inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_t kc,
+                          float* acc, int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* acc_row = acc + i * 64;
+    for (int64_t k = 0; k < kc; ++k) {
+      const float av = a[i * lda + k];
+      const float* w_row = wbuf + k * 64;
+      for (int x = 0; x < 64; ++x) acc_row[x] += av * w_row[x];
+    }
+  }
+}
+
+// ---- driver ------------------------------------------------------------------------------------
+
+enum class CpuIsa { kGeneric, kAvx512, kAvx512Bf16 };
+
+// The best path this CPU has, after the project-wide cap W4K_CPU_ISA (cpu/isa.h: "scalar" or
+// "avx2" select the portable path here, there is no AVX2 variant). W4K_W4A16_DPBF16=0 also
+// turns off the AVX512-BF16 dot products, so tests can run every path on one machine.
+inline CpuIsa w4a16_gemm_cpu_isa() {
+#ifdef W4K_HAVE_AVX512_PATH
+  if (cpu_isa() == Isa::kAvx512) {
+    const char* dot = std::getenv("W4K_W4A16_DPBF16");
+    const bool no_dot = dot && std::strcmp(dot, "0") == 0;
+    return __builtin_cpu_supports("avx512bf16") && !no_dot ? CpuIsa::kAvx512Bf16
+                                                          : CpuIsa::kAvx512;
+  }
+#endif
+  return CpuIsa::kGeneric;
+}
+
+// Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
+// scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
+// chunk) and per 32 columns when G == 1.
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const float* s_row = p.scales + g * p.size_n + 64 * ch;
+    for (int x = 0; x < 64; ++x) {
+      int n = tb.colperm[x];
+      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
+      sc[g * 64 + x] = s_row[src];
+      if (zf) {
+        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
+        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
+        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
+      }
+    }
+  }
+}
+
+// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512);
+// W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
+inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
+  const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
+  return env ? std::atoll(env) : default_rows;
+}
+
+// c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
+// Paths: AVX-512 lookup tables (few rows), else the blocked path (dequantize 64
+// rows of K x 64 columns, then register-blocked FMAs; vdpbf16ps for bf16), else portable C++.
+// Returns 0 (no failure mode once the binding has checked the arguments).
+inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
+                                 int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
+  constexpr int64_t kKc = 64;  // rows of K per dequantized block: 64 x 64 fp32 = 16 KiB (half of L1)
+  const MarlinChunkTables& tb = chunk_tables();
+  const int64_t rows = m1 - m0;
+  const bool has_zp = p.zeros != nullptr;
+  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
+  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
+  const float* srow[16];
+  const float* zrow[16];
+  const bool avx512 = isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16;
+  // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
+  const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
+                          p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
+  // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
+  // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path, ~6
+  // against the vdpbf16ps one.
+  const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+                       rows <= w4a16_gemm_lut_max_rows(use_dpbf16 ? 6 : 8);
+  std::vector<float> lut, lut_acc;
+  std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
+  if (use_lut) {
+    tile_group.resize(p.size_k / 16);
+    for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
+      if (p.g_idx == nullptr) {
+        tile_group[kt] = static_cast<int32_t>(16 * kt / p.group_size);
+      } else {
+        const int32_t* g = p.g_idx + 16 * kt;
+        tile_group[kt] = std::all_of(g, g + 16, [&](int32_t x) { return x == g[0]; }) ? g[0] : -1;
+      }
+    }
+  }
+  (void)use_lut;
+  (void)use_dpbf16;  // both unused when the AVX-512 paths are compiled out
+  for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
+    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr);
+#ifdef W4K_HAVE_AVX512_PATH
+    if (use_lut) {
+      const float* z = has_zp ? zf.data() : nullptr;
+      if (p.weight_type == HalfType::kFloat16)
+        lut_chunk_avx512<true>(p, ch, m0, rows, sc.data(), z, tile_group.data(), lut, lut_acc);
+      else
+        lut_chunk_avx512<false>(p, ch, m0, rows, sc.data(), z, tile_group.data(), lut, lut_acc);
+      continue;
+    }
+#endif
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
+      const int64_t kc = std::min(kKc, p.size_k - kb);
+      for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
+        for (int r = 0; r < 16; ++r) {
+          int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
+          srow[r] = sc.data() + g * 64;
+          zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
+        }
+        const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        float* w_tile = wbuf.data() + (k0 - kb) * 64;
+#ifdef W4K_HAVE_AVX512_PATH
+        if (use_dpbf16) {
+          uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
+          if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
+          else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
+          continue;
+        }
+        if (avx512) {
+          const bool fp16 = p.weight_type == HalfType::kFloat16;
+          if (has_zp && fp16) dequant_tile_avx512<true, true>(words, srow, zrow, w_tile);
+          else if (has_zp) dequant_tile_avx512<true, false>(words, srow, zrow, w_tile);
+          else if (fp16) dequant_tile_avx512<false, true>(words, srow, zrow, w_tile);
+          else dequant_tile_avx512<false, false>(words, srow, zrow, w_tile);
+          continue;
+        }
+#endif
+        dequant_tile_generic(words, srow, has_zp ? zrow : nullptr, p.weight_type, w_tile);
+      }
+      const float* a_block = p.a + m0 * p.lda + kb;
+#ifdef W4K_HAVE_AVX512_PATH
+      if (use_dpbf16) {
+        micro_bf16_avx512_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
+                               reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(),
+                               rows);
+        continue;
+      }
+      if (avx512) {
+        micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+        continue;
+      }
+#endif
+      micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+      const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+      for (int x = 0; x < 64; ++x) {
+        int n = tb.colperm[x];
+        c_row[n] = acc[i * 64 + x] + (bias ? bias[n] : 0.0f);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace w4k::cpu
