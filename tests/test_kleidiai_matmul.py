@@ -133,7 +133,9 @@ def test_force_path_with_env(monkeypatch):
         run(lp, rp, m, n, k)
 
 
-def test_best_path_is_used_by_default():
+def test_best_path_is_used_by_default(monkeypatch):
+    monkeypatch.delenv("W4K_KLEIDIAI_ISA", raising=False)
+    monkeypatch.delenv("W4K_CPU_ISA", raising=False)
     expected = {"avx512": ["avx512f", "avx512_vnni"], "avx2": ["avx2"]}
     flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
     best = ops.kleidiai_isa()
@@ -209,6 +211,8 @@ def test_matmul_bad_input():
         run(lp, rp, m, n, k, kr=16, sr=3)
     with pytest.raises(RuntimeError, match=r"matmul_clamp_f32_qai8dxp_qsi4c32p: k must be a multiple of bl"):
         run(lp, rp, m, n, k, bl=96)
+    with pytest.raises(RuntimeError, match=op + r": k must be <= 131072 \(int32 accumulators\), got 200000"):
+        run(lp, rp, m, n, 200000)
     if "avxvnni" not in ISAS:
         with pytest.raises(RuntimeError, match=r"isa 'avxvnni' .*does not support it"):
             run(lp, rp, m, n, k, isa="avxvnni")

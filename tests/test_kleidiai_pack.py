@@ -231,3 +231,25 @@ def test_opcheck_packers():
     torch.library.opcheck(OPS.rhs_pack_kxn_qsi4c32p_qsu4c32s1s0,
                           (torch.randint(0, 256, (64, 7), dtype=torch.uint8), s, torch.rand(13), 13, 64, 32))
     torch.library.opcheck(OPS.lhs_quant_pack_qai8dxp_f32, (torch.randn(5, 40), 4))
+
+
+@pytest.mark.parametrize("per_block", [False, True])
+def test_kxn_of_transpose_equals_nxk(per_block):
+    """The two source orientations describe the same weight: for N a multiple of nr (no padded
+    rows, where the two differ by design) their packed buffers are identical."""
+    n, k = 24, 128
+    g = torch.Generator().manual_seed(9)
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    nxk = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    t = codes.t().contiguous()
+    kxn = t[:, 0::2] | (t[:, 1::2] << 4)
+    bias = torch.randn(n, generator=g)
+    if per_block:
+        s = torch.rand(n, k // 32, generator=g).bfloat16()
+        a = OPS.rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(nxk, s, bias, n, k, 32)
+        b = OPS.rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(kxn.contiguous(), s, bias, n, k, 32)
+    else:
+        s = torch.rand(n, generator=g)
+        a = OPS.rhs_pack_nxk_qsi4cxp_qs4cxs1s0(nxk, s, bias, n, k)
+        b = OPS.rhs_pack_kxn_qsi4cxp_qs4cxs1s0(kxn.contiguous(), s, bias, n, k)
+    assert golden.same_bits(a, b)

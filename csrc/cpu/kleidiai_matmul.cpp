@@ -12,8 +12,8 @@
 //   per-block:   acc = 0; for each block: acc = fma(float(16 * dot_b), bf16(s_b) * 0.0625, acc)
 //                acc = fma(rsum, float(lhs_offset), acc)      (rsum = f32 sum of s_b * sum w)
 //                out = (acc * lhs_scale) + bias, clamp  (max with clamp_min, then min with max)
-// Every float op is rounded on its own except the two explicit fmas; the SIMD paths put a
-// compiler barrier between a multiply and the add after it so nothing gets contracted.
+// Every float op is rounded on its own except the two explicit fmas; rounded() keeps the
+// compiler from contracting a multiply into the add after it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -139,9 +139,14 @@ inline float clampf(float v, float lo, float hi) {
   return v < hi ? v : hi;
 }
 
-// Keeps the compiler from fusing the multiply before it with an add after it (matters if the
-// file is ever built with FMA enabled, e.g. -march=native, and in the SIMD target functions).
-#define W4K_NO_CONTRACT(x) __asm__("" : "+v"(x))
+// Rounds x to its type by a store and reload, so the multiply that produced it cannot be fused
+// with the add that follows (GCC contracts a * b + c into an fma wherever FMA is enabled: in
+// the SIMD target functions, and everywhere under -march=native).
+// (The SIMD kernels do the same with a volatile vector.)
+inline float rounded(float x) {
+  volatile float t = x;
+  return t;
+}
 
 // ---- scalar kernel: any (mr, nr, kr, sr, bl) ----------------------------------------------------
 
@@ -191,8 +196,7 @@ void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
         std::memcpy(&rsum, w + 4 * r, 4);
         std::memcpy(&bias, w + 4 * nr + 4 * r, 4);
         v = std::fma(rsum, float(row.offset), facc[r]);
-        v = v * row.scale;
-        W4K_NO_CONTRACT(v);
+        v = rounded(v * row.scale);
         v = v + bias;
       } else {
         int32_t rsum;
@@ -202,8 +206,7 @@ void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
         std::memcpy(&bias, w + 8 * nr + 4 * r, 4);
         const int32_t iacc = dot[r] * 16 + row.offset * rsum;
         v = float(iacc) * scale;
-        v = v * row.scale;
-        W4K_NO_CONTRACT(v);
+        v = rounded(v * row.scale);
         v = v + bias;
       }
       out[r] = clampf(v, a.clamp_min, a.clamp_max);
@@ -331,9 +334,8 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
           _mm256_slli_epi32(dots[i], 4), _mm256_mullo_epi32(_mm256_set1_epi32(rows[i].offset), rsum));
       v = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc), scale);
     }
-    v = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));
-    W4K_NO_CONTRACT(v);
-    v = _mm256_add_ps(v, bias);
+    volatile __m256 scaled = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));  // see rounded()
+    v = _mm256_add_ps(scaled, bias);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
     _mm256_mask_storeu_ps(a.dst + (m0 + i) * a.dst_stride + nb * 8, store_mask, v);
   }
@@ -444,9 +446,8 @@ W4K_AVXVNNI void tile_avx2(const MatmulArgs& a, int64_t m0, int64_t nb) {
           _mm256_slli_epi32(dots[i], 4), _mm256_mullo_epi32(_mm256_set1_epi32(rows[i].offset), rsum));
       v = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc), scale);
     }
-    v = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));
-    W4K_NO_CONTRACT(v);
-    v = _mm256_add_ps(v, bias);
+    volatile __m256 scaled = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));  // see rounded()
+    v = _mm256_add_ps(scaled, bias);
     v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
     float* out = a.dst + (m0 + i) * a.dst_stride + nb * 8;
     if (cols == 8) {

@@ -204,6 +204,8 @@ at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::T
                        c10::string_view isa) {
   TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
   check_sizes(op, n, k);
+  // int32 accumulation, as KleidiAI's: |16 * dot| <= 16 * 128 * 8 * K_i must stay below 2^31.
+  TORCH_CHECK(k <= 131072, op, ": k must be <= 131072 (int32 accumulators), got ", k);
   check_positive(op, "mr", mr);
   check_nr_kr_sr(op, nr, kr, sr);
   if (bl > 0) check_block(op, k, nr, kr, bl);

@@ -53,8 +53,8 @@ inline int64_t k_low(int64_t super, int64_t b, int64_t seg_bytes) {
 // +-65536 keeps the float -> int conversion defined anyway.
 void quantize_row_scalar(const float* x, int64_t k, float scale, int32_t zp, int8_t* q) {
   for (int64_t i = 0; i < k; ++i) {
-    float v = x[i] * scale;
-    __asm__("" : "+v"(v));  // v - trunc(v) below must not become an fma
+    volatile float product = x[i] * scale;  // rounded: v - trunc(v) must not become an fma
+    float v = product;
     v = v < 65536.0f ? v : 65536.0f;
     v = v > -65536.0f ? v : -65536.0f;
     int32_t iv = int32_t(v);
@@ -235,8 +235,9 @@ void lhs_quant_pack_qai8dxp(int64_t m_begin, int64_t m_end, int64_t k, int64_t m
     const float scale = rmin == rmax ? 1.0f : (qmax - qmin) / (rmax - rmin);
     const float recip = scale != 0.0f ? 1.0f / scale : 0.0f;
     // Each product is rounded on its own, as in KleidiAI (built without FP contraction).
-    float dmin = rmin * scale, dmax = rmax * scale;
-    __asm__("" : "+v"(dmin), "+v"(dmax));  // no fused multiply-add even if FMA is enabled
+    // volatile: rounded products, never fused into the adds below even if FMA is enabled
+    volatile float dmin_r = rmin * scale, dmax_r = rmax * scale;
+    const float dmin = dmin_r, dmax = dmax_r;
     float zp = (qmin + dmin) + (qmax + dmax) > 0.0f ? qmin - dmin : qmax - dmax;
     zp = zp > qmin ? zp : qmin;
     zp = zp < qmax ? zp : qmax;
