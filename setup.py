@@ -16,6 +16,8 @@ Environment:
 * ``TORCH_CUDA_ARCH_LIST`` defaults to ``8.0;9.0+PTX`` (sm_80 and sm_90 SASS, compute_90 PTX
   for newer GPUs to JIT from); torch's own default needs a visible GPU.
 * ``MAX_JOBS`` is honoured by ninja through torch's build extension.
+* ``W4K_NO_EXT=1`` builds nothing (scripts/install.sh compiles in place first, then registers
+  the package with an editable pip install).
 """
 
 import glob
@@ -103,6 +105,10 @@ class BuildExtension(cpp_extension.BuildExtension):
             self.compiler.src_extensions.append(".S")
         super().build_extensions()
 
+
+if os.environ.get("W4K_NO_EXT") == "1":
+    # scripts/install.sh has already built the modules in place; pip only registers the package.
+    ext_modules = []
 
 setup(
     name="w4kernels",
