@@ -156,8 +156,8 @@ inline void make_context(Context& ctx, const Stack& stack, FiberEntry entry, voi
   ctx.uc.uc_stack.ss_size = stack.size();
   ctx.uc.uc_link = nullptr;
   uintptr_t f = reinterpret_cast<uintptr_t>(entry), a = reinterpret_cast<uintptr_t>(arg);
-  makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&detail::ucontext_entry), 4,
-              unsigned(f), unsigned(f >> 32), unsigned(a), unsigned(a >> 32));
+  makecontext(&ctx.uc, reinterpret_cast<void (*)()>(&detail::ucontext_entry), 4, unsigned(f),
+              unsigned(f >> 32), unsigned(a), unsigned(a >> 32));
 #else
   // Frame layout documented in fiber_switch_x86_64.S. top is 16-byte aligned, so frame is too.
   uintptr_t top = reinterpret_cast<uintptr_t>(stack.top()) & ~uintptr_t(15);
@@ -165,12 +165,12 @@ inline void make_context(Context& ctx, const Stack& stack, FiberEntry entry, voi
   uint32_t mxcsr = 0x1F80;  // all exceptions masked, round to nearest, no FTZ/DAZ
   uint16_t fpucw = 0x037F;  // x87 default: extended precision, all exceptions masked
   frame[0] = uint64_t(mxcsr) | (uint64_t(fpucw) << 32);
-  frame[1] = 0;                                    // r15
-  frame[2] = 0;                                    // r14
-  frame[3] = reinterpret_cast<uint64_t>(entry);    // r13
-  frame[4] = reinterpret_cast<uint64_t>(arg);      // r12
-  frame[5] = 0;                                    // rbx
-  frame[6] = 0;                                    // rbp
+  frame[1] = 0;                                  // r15
+  frame[2] = 0;                                  // r14
+  frame[3] = reinterpret_cast<uint64_t>(entry);  // r13
+  frame[4] = reinterpret_cast<uint64_t>(arg);    // r12
+  frame[5] = 0;                                  // rbx
+  frame[6] = 0;                                  // rbp
   frame[7] = reinterpret_cast<uint64_t>(&w4k_simt_fiber_trampoline);
   ctx.sp = frame;
 #endif

@@ -2,6 +2,8 @@
 // the grid launcher. Design notes are in simt/simt.h.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -38,6 +41,10 @@ inline int env_int(const char* name, int dflt) {
 struct Block;
 struct Launch;
 
+// Shared memory bytes written by cp.async before the data has landed and by the block-start
+// fill of dynamic shared memory: 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
+constexpr unsigned char kPoisonByte = 0xFF;
+
 // A cp.async in flight: the source bytes are captured at issue, they land at wait_group.
 struct AsyncCopy {
   void* dst;
@@ -57,8 +64,11 @@ struct Fiber {
   int warp = 0, lane = 0;
   FiberState state = FiberState::Ready;
   StopReason stop = StopReason::None;
-  // what a Waiting fiber waits for (diagnostics)
-  std::string wait_what;
+  // what a Waiting fiber waits for (diagnostics only, formatted on deadlock)
+  const char* wait_name = nullptr;  // "__syncthreads", "bar.sync", "__shfl_sync", ...
+  const void* wait_site = nullptr;
+  uint32_t wait_mask = 0;  // collectives: member mask
+  int wait_barrier = -1;   // barriers: id
   // spin detection: the last acquire-style load (site, value) and how often it repeated
   const void* spin_site = nullptr;
   uint64_t spin_value = 0;
@@ -66,7 +76,7 @@ struct Fiber {
   bool spin_repeat = false;
   // cp.async: copies issued since the last commit, then committed groups oldest first
   std::vector<AsyncCopy> cp_open;
-  std::deque<std::vector<AsyncCopy>> cp_groups;
+  std::vector<std::vector<AsyncCopy>> cp_groups;  // few: erase at the front is fine
 };
 
 struct Barrier {
@@ -116,8 +126,32 @@ inline std::string ptr_str(const void* p) {
   std::snprintf(buf, sizeof buf, "%p", p);
   return buf;
 }
+// A return address as "0x7f..2a (kernel_name+0x2a, /path/lib.so+0x1f29)". The object-relative
+// offset is one byte back, inside the call instruction, so that
+// `addr2line -f -C -i -e /path/lib.so 0x1f29` names the calling source line (needs -g / -g1).
+inline std::string site_str(const void* site) {
+  std::string s = ptr_str(site);
+  Dl_info info;
+  if (site && dladdr(site, &info) && info.dli_fname) {
+    char buf[64];
+    s += " (";
+    if (info.dli_sname) {
+      s += info.dli_sname;
+      std::snprintf(buf, sizeof buf, "+0x%lx, ",
+                    (unsigned long)((const char*)site - (const char*)info.dli_saddr));
+      s += buf;
+    }
+    std::snprintf(buf, sizeof buf, "+0x%lx)",
+                  (unsigned long)((const char*)site - (const char*)info.dli_fbase) - 1);
+    s += info.dli_fname;
+    s += buf;
+  }
+  return s;
+}
 
-inline thread_local Fiber* tl_fiber = nullptr;
+inline thread_local Fiber* tl_fiber = nullptr;  // the running CUDA thread (null in the scheduler)
+struct Block;
+inline thread_local Block* tl_block = nullptr;  // the block this OS thread runs (diagnostics)
 
 // The grid being run: blocks are handed to fresh OS threads, at most `permits` of them running
 // at once; a block whose threads only spin gives its permit back so that other blocks (possibly
@@ -134,6 +168,8 @@ struct Launch {
   std::atomic<bool> abort{false};
   std::exception_ptr error;
   double spin_timeout_s = 30;
+  int schedule = 0;  // 0 forward, 1 reverse, 2 shuffled (see Block::run)
+  int seed = 0;
 
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -188,13 +224,15 @@ struct Block {
   [[noreturn]] void fail_tid(int tid, const std::string& what) const {
     raise("simt: " + what + " (" + where_tid(tid) + ")");
   }
+  // Sorted [begin, end) of the fibers' stack mappings, for "is this local memory?" checks.
+  std::vector<std::pair<uintptr_t, uintptr_t>> stack_ranges;
   bool in_fiber_stack(const void* p, size_t n) const {
-    auto a = reinterpret_cast<uintptr_t>(p);
-    for (int t = 0; t < nthreads; ++t) {
-      auto lo = reinterpret_cast<uintptr_t>(fibers[t].stack.base);
-      if (a + n > lo && a < lo + fibers[t].stack.total) return true;
-    }
-    return false;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = std::upper_bound(stack_ranges.begin(), stack_ranges.end(),
+                               std::make_pair(a + n, uintptr_t(0)));
+    if (it == stack_ranges.begin()) return false;
+    --it;  // the last range starting before a + n
+    return a < it->second;
   }
   bool in_dynamic_smem(const void* p) const {
     auto a = reinterpret_cast<uintptr_t>(p), lo = reinterpret_cast<uintptr_t>(smem);
@@ -205,6 +243,7 @@ struct Block {
   void run_one(Fiber& f);
   void on_exit(Fiber& f);
   [[noreturn]] void deadlock();
+  std::string describe_threads(bool only_waiting, int limit) const;
   void release_resources();
 };
 
@@ -264,12 +303,12 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
-  if (id < 0 || id >= 16) fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
+  if (id < 0 || id >= 16)
+    fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
   if (count <= 0 || count > b.nthreads || (!syncthreads && count % 32 != 0))
     fail_here("bar.sync " + std::to_string(id) + " with thread count " + std::to_string(count) +
-              " (must be a multiple of 32 and at most the block's " +
-              std::to_string(b.nthreads) + " threads)");
+              " (must be a multiple of 32 and at most the block's " + std::to_string(b.nthreads) +
+              " threads)");
   Barrier& bar = b.bars[id];
   const char* what = syncthreads ? "__syncthreads" : "bar.sync";
   if (syncthreads && b.exited > 0)
@@ -285,9 +324,9 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
                 std::to_string(count) + " threads but " + std::to_string(bar.arrived) +
                 " threads wait there expecting " + std::to_string(bar.expected));
     if (syncthreads && bar.site != site)
-      fail_here("divergent __syncthreads: this thread is at call site " + ptr_str(site) +
+      fail_here("divergent __syncthreads: this thread is at call site " + site_str(site) +
                 " while " + std::to_string(bar.arrived) + " thread(s), first " +
-                b.where_tid(bar.waiters.front()) + ", wait at call site " + ptr_str(bar.site));
+                b.where_tid(bar.waiters.front()) + ", wait at call site " + site_str(bar.site));
   }
   ++bar.arrived;
   if (bar.arrived == bar.expected) {
@@ -298,8 +337,9 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
   }
   bar.waiters.push_back(f.tid);
   f.state = FiberState::Waiting;
-  f.wait_what = std::string(what) + " (barrier " + std::to_string(id) + ", call site " +
-                ptr_str(site) + ")";
+  f.wait_name = what;
+  f.wait_site = site;
+  f.wait_barrier = id;
   suspend(StopReason::Blocked);
 }
 
@@ -313,7 +353,6 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
                        const void* in, void* out) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
   WarpState& w = b.warps[f.warp];
   const uint32_t me = 1u << f.lane;
   if (!(mask & me))
@@ -332,12 +371,13 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
     std::string waiting = b.where_tid(f.warp * 32 + waiting_lane);
     if (p.mask != mask)
       fail_here("divergent " + std::string(name) + ": this lane uses member mask " + hex32(mask) +
-                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " +
-                p.name + " with member mask " + hex32(p.mask));
+                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " with member mask " + hex32(p.mask));
     if (p.fn != fn || p.site != site)
-      fail_here("divergent " + std::string(name) + " at call site " + ptr_str(site) +
-                ": lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
-                " at call site " + ptr_str(p.site) + " (all lanes of the mask must execute the "
+      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) + ": lanes " +
+                hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " at call site " + site_str(p.site) +
+                " (all lanes of the mask must execute the "
                 "same instruction)");
     r = &p;
     break;
@@ -362,8 +402,10 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
     return;
   }
   f.state = FiberState::Waiting;
-  f.wait_what = std::string(name) + " (member mask " + hex32(mask) + ", call site " +
-                ptr_str(site) + ")";
+  f.wait_name = name;
+  f.wait_site = site;
+  f.wait_mask = mask;
+  f.wait_barrier = -1;
   suspend(StopReason::Blocked);
 }
 
@@ -382,11 +424,18 @@ inline void fiber_main(void* arg) {
   std::abort();  // a finished fiber is never resumed
 }
 
-inline void land(AsyncCopy& c) {
+// Completes a cp.async. Returns false if the destination was overwritten while the copy was in
+// flight (it holds neither the poison written at issue nor the bytes being landed: a store
+// raced with the asynchronous copy).
+inline bool land(AsyncCopy& c) {
 #if W4K_SIMT_ASAN
   if (c.size == 16) __asan_unpoison_memory_region(c.dst, 16);
 #endif
+  bool intact = true;
+  const auto* now = static_cast<const unsigned char*>(c.dst);
+  for (int i = 0; i < c.size; ++i) intact &= now[i] == kPoisonByte || now[i] == c.data[i];
   std::memcpy(c.dst, c.data, size_t(c.size));
+  return intact;
 }
 
 inline void Block::on_exit(Fiber& f) {
@@ -420,63 +469,111 @@ inline void Block::run_one(Fiber& f) {
   if (f.state == FiberState::Done) on_exit(f);
 }
 
-[[noreturn]] inline void Block::deadlock() {
+// One line per live thread of the block: running/ready, or what it waits for.
+inline std::string Block::describe_threads(bool only_waiting, int limit) const {
   std::ostringstream os;
-  os << "simt: deadlock in block (" << block_idx.x << "," << block_idx.y << "," << block_idx.z
-     << "): every live thread is blocked.";
   int shown = 0;
-  for (int t = 0; t < nthreads && shown < 6; ++t) {
-    if (fibers[t].state != FiberState::Waiting) continue;
-    os << "\n  " << where_tid(t) << " waits in " << fibers[t].wait_what;
+  for (int t = 0; t < nthreads && shown < limit; ++t) {
+    const Fiber& f = fibers[t];
+    if (f.state == FiberState::Done || (only_waiting && f.state != FiberState::Waiting)) continue;
+    os << "\n  " << where_tid(t);
+    if (f.state == FiberState::Ready) {
+      os << (&f == tl_fiber ? " is running" : " is ready");
+    } else {
+      os << " waits in " << f.wait_name;
+      if (f.wait_barrier >= 0)
+        os << " (barrier " << f.wait_barrier << ", call site " << site_str(f.wait_site) << ")";
+      else
+        os << " (member mask " << hex32(f.wait_mask) << ", call site " << site_str(f.wait_site)
+           << ")";
+    }
     ++shown;
   }
   if (first_exited >= 0) os << "\n  " << where_tid(first_exited) << " has exited";
+  return os.str();
+}
+
+[[noreturn]] inline void Block::deadlock() {
+  std::ostringstream os;
+  os << "simt: deadlock in block (" << block_idx.x << "," << block_idx.y << "," << block_idx.z
+     << "): every live thread is blocked." << describe_threads(true, 6);
   raise(os.str());
 }
 
+// For debuggers: `call w4k_simt_dump()` from a breakpoint inside a kernel prints where every
+// thread of the current block is.
+extern "C" __attribute__((used, noinline)) inline void w4k_simt_dump() {
+  if (!tl_block) {
+    std::fprintf(stderr, "simt: this OS thread is not running a block\n");
+    return;
+  }
+  const uint3 b = tl_block->block_idx;
+  std::fprintf(stderr, "simt: block (%u,%u,%u)%s\n", b.x, b.y, b.z,
+               tl_block->describe_threads(false, 1 << 30).c_str());
+}
+
+// A thread that re-read the same value this many times in a row at one site is spinning.
+constexpr int kLongSpin = 64;
+
 inline void Block::run() {
-  const int workers_spin_ms_max = 2;
+  const int max_backoff_us = 2000;
   auto stall_start = std::chrono::steady_clock::now();
   bool stalling = false;
   int backoff_us = 20;
+  // Thread order of each scheduling round (W4K_SIMT_SCHEDULE): forward, reverse, or a fresh
+  // random permutation per round. Race-free kernels give the same result under all three; a
+  // missing __syncthreads usually shows up as poison under at least one of them.
+  std::vector<int> order(size_t(nthreads), 0);
+  for (int t = 0; t < nthreads; ++t)
+    order[size_t(t)] = launch->schedule == 1 ? nthreads - 1 - t : t;
+  std::minstd_rand rng(uint32_t(launch->seed) * 7919u + block_idx.x * 31u + block_idx.y * 17u +
+                       block_idx.z);
   for (;;) {
-    bool any_ran = false, only_repeated_spins = true;
+    bool any_ran = false, only_repeated_spins = true, long_spin = false;
     int live = 0;
-    for (int t = 0; t < nthreads; ++t) {
+    if (launch->schedule == 2) std::shuffle(order.begin(), order.end(), rng);
+    for (int t : order) {
       Fiber& f = fibers[t];
       if (f.state == FiberState::Ready) {
         any_ran = true;
         run_one(f);
-        if (!(f.state == FiberState::Ready && f.stop == StopReason::SpinYield && f.spin_repeat))
-          only_repeated_spins = false;
+        const bool spun = f.state == FiberState::Ready && f.stop == StopReason::SpinYield;
+        if (!(spun && f.spin_repeat)) only_repeated_spins = false;
+        if (spun && f.spin_streak >= kLongSpin) long_spin = true;
         if (launch->abort) return;
       }
       if (f.state != FiberState::Done) ++live;
     }
     if (live == 0) return;
     if (!any_ran) deadlock();
-    if (!only_repeated_spins) {
+    if (!only_repeated_spins && !long_spin) {
       stalling = false;
       backoff_us = 20;
       continue;
     }
-    // Every runnable thread re-read an unchanged value: only another block can unblock us.
+    // Every runnable thread re-read an unchanged value (or one thread has been re-reading the
+    // same value for a long time, e.g. a spin loop with a warp vote in it): maybe only another
+    // block can unblock us.
     auto now = std::chrono::steady_clock::now();
     if (!stalling) {
       stalling = true;
       stall_start = now;
-    } else if (std::chrono::duration<double>(now - stall_start).count() >
-               launch->spin_timeout_s) {
+    } else if (std::chrono::duration<double>(now - stall_start).count() > launch->spin_timeout_s) {
       for (int t = 0; t < nthreads; ++t)
         if (fibers[t].state == FiberState::Ready)
-          fail_tid(t, "spin timeout: the threads of this block have re-read unchanged values "
-                      "(ld.acquire / atomics) for " +
-                          std::to_string(int(launch->spin_timeout_s)) +
-                          " s; no other block released them (inter-block deadlock?)");
+          fail_tid(t,
+                   "spin timeout: the threads of this block have re-read unchanged values "
+                   "(ld.acquire / atomics) for " +
+                       std::to_string(int(launch->spin_timeout_s)) +
+                       " s; no other block released them (inter-block deadlock?)");
     }
     launch->release_permit();
-    std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
-    backoff_us = std::min(backoff_us * 2, workers_spin_ms_max * 1000);
+    if (only_repeated_spins) {
+      std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
+      backoff_us = std::min(backoff_us * 2, max_backoff_us);
+    } else {
+      std::this_thread::yield();  // the block may still be progressing: just let others in
+    }
     if (!launch->acquire_permit()) {
       holds_permit = false;
       return;
