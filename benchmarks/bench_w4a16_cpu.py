@@ -4,7 +4,8 @@ For each (M, K, N) it prints the median time of:
 
 * ``w4a16``: ``torch.ops.w4kernels.w4a16_gemm`` (int4 Marlin weight, K*N/2 bytes);
 * ``mm_f32``: ``torch.matmul`` in fp32 on the dequantized weight (4*K*N bytes);
-* ``mm_half``: ``torch.matmul`` in the activation dtype on the dequantized weight (2*K*N bytes);
+* ``mm_half``: ``torch.matmul`` in the activation dtype on the dequantized weight (2*K*N bytes;
+  for fp16 only up to M = 16: torch's CPU fp16 matmul is unoptimized and takes seconds);
 * ``ref``: the un-fused path a user would write without the kernel: dequantize with
   ``reference.marlin_dequantize`` and then ``torch.matmul`` in the activation dtype (only for
   M = 1 and 256 by default: it is slow);
@@ -48,8 +49,11 @@ def copies_for(nbytes, minimum=2):
 
 
 def timeit(fn, args_list, repeats, warmup=2):
+    t0 = time.perf_counter()
     for i in range(warmup):
         fn(*args_list[i % len(args_list)])
+    if time.perf_counter() - t0 > 2.0:  # e.g. torch's fp16 matmul on CPU: a few samples do
+        repeats = min(repeats, 3)
     times = []
     for i in range(repeats):
         args = args_list[i % len(args_list)]
@@ -102,7 +106,9 @@ def main():
 
             t, tmin, tmax = timeit(run, weights, repeats)
             t32 = timeit(lambda w: torch.matmul(a32, w), [(w,) for w in w_f32], repeats)[0]
-            th = timeit(lambda w: torch.matmul(a, w), [(w,) for w in w_h], repeats)[0]
+            th = None
+            if dtype == torch.bfloat16 or m <= 16:  # CPU fp16 matmul takes seconds beyond
+                th = timeit(lambda w: torch.matmul(a, w), [(w,) for w in w_h], repeats)[0]
             ref_txt = f"{'-':>8} {'-':>5}"
             if m in ref_ms:
                 def ref(bq, bs):
@@ -111,9 +117,10 @@ def main():
                 tr = timeit(ref, weights, max(3, repeats // 5), warmup=1)[0]
                 ref_txt = f"{tr * 1e3:8.2f} {tr / t:5.1f}"
             gbs = size_k * size_n / 2 / t / 1e9
+            half_txt = f"{th * 1e3:8.2f} {th / t:5.2f}" if th else f"{'-':>8} {'-':>5}"
             print(f"{m:>4} {size_k:>6} {size_n:>6} | {t * 1e3:9.3f} "
                   f"({tmin * 1e3:6.2f}..{tmax * 1e3:6.2f}) {gbs:6.2f} | "
-                  f"{t32 * 1e3:8.2f} {t32 / t:5.2f} | {th * 1e3:8.2f} {th / t:5.2f} | {ref_txt}",
+                  f"{t32 * 1e3:8.2f} {t32 / t:5.2f} | {half_txt} | {ref_txt}",
                   flush=True)
 
 

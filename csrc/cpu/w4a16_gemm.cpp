@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <optional>
 
 #include "cpu/w4a16_gemm_kernel.h"
@@ -67,8 +68,10 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.weight_type =
       a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
 
-  // Work items = (chunk, row block). Every item dequantizes its chunk's weights once, so rows
-  // are split only when there are too few chunks to keep every thread busy.
+  // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
+  // chunks' weights once, so rows are split only when there are too few chunks to keep every
+  // thread busy. Threads take items from a shared counter rather than a static split: on a
+  // shared machine a thread that starts late then simply finds less work left.
   const int64_t num_chunks = size_n / 64;
   const int64_t threads = at::get_num_threads();
   int64_t row_blocks = 1;
@@ -76,18 +79,17 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
     row_blocks = std::max<int64_t>(1, std::min((4 * threads + num_chunks - 1) / num_chunks,
                                                size_m / 48));
   const int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
+  const int64_t chunks_per_item = std::max<int64_t>(1, num_chunks / (8 * threads));
+  const int64_t items_per_row_block = (num_chunks + chunks_per_item - 1) / chunks_per_item;
+  const int64_t num_items = items_per_row_block * row_blocks;
   const cpu::CpuIsa isa = cpu::w4a16_gemm_cpu_isa();
-  at::parallel_for(0, num_chunks * row_blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t ch = item % num_chunks, rb = item / num_chunks;
+  std::atomic<int64_t> next_item{0};
+  at::parallel_for(0, std::min(threads, num_items), 1, [&](int64_t, int64_t) {
+    for (int64_t item; (item = next_item.fetch_add(1)) < num_items;) {
+      const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
+      const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
       const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
-      // Consecutive chunks of one row block go to the same call (one scratch allocation).
-      int64_t ch_end = ch + 1;
-      while (item + 1 < end && (item + 1) % num_chunks == ch_end && (item + 1) / num_chunks == rb) {
-        ++item;
-        ++ch_end;
-      }
-      if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch, ch_end, m0, m1, isa);
+      if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
     }
   });
   // One rounding of the fp32 result (bias included) to a's dtype.
