@@ -1,0 +1,124 @@
+// Argument checks of w4a16_gemm (vLLM gptq_marlin_gemm), shared by the CPU binding and a future
+// CUDA/SIMT binding: `device` is the device type the binding serves. Value checks that read
+// tensor data (perm / g_idx ranges) only run for host tensors (see check_index_range).
+#pragma once
+
+#include <optional>
+
+#include "marlin_checks.h"
+
+namespace w4k {
+
+// What the checked arguments mean for the kernel.
+struct W4a16GemmArgs {
+  bool has_act_order;   // perm and g_idx given (non-empty)
+  bool has_zp;          // b_zeros given (non-empty)
+  bool has_bias;        // b_bias given (non-empty)
+  int64_t num_groups;   // G = b_scales.size(0)
+  int64_t group_size;   // K / G without act-order (K for G == 1); 0 with act-order (g_idx rules)
+};
+
+inline bool has_values(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->numel() > 0;
+}
+
+// Dtype, device, rank, contiguity and shape of one optional int32 tensor.
+inline void check_int32_operand(const char* op, const char* name, const at::Tensor& t,
+                                c10::DeviceType device, const at::Tensor& a,
+                                std::initializer_list<int64_t> shape) {
+  check_device(op, name, t, device);
+  check_same_device(op, name, t, "a", a);
+  check_dtype(op, name, t, at::kInt);
+  check_dim(op, name, t, static_cast<int64_t>(shape.size()));
+  check_shape(op, name, t, shape);
+  check_contiguous(op, name, t);
+}
+
+// Conventions (vLLM): None and empty tensors both mean "absent" for b_zeros, g_idx, perm and
+// b_bias. `a` may have a row stride larger than K (it must be unit-stride along K); every other
+// tensor must be contiguous. size_m == 0 is legal (empty result); size_k, size_n must be > 0.
+inline W4a16GemmArgs check_w4a16_gemm_args(
+    const at::Tensor& a, const at::Tensor& b_q_weight, const at::Tensor& b_scales,
+    const std::optional<at::Tensor>& b_zeros, const std::optional<at::Tensor>& g_idx,
+    const std::optional<at::Tensor>& perm, const at::Tensor& workspace, int64_t num_bits,
+    int64_t size_m, int64_t size_n, int64_t size_k, bool is_k_full,
+    const std::optional<at::Tensor>& b_bias, c10::DeviceType device) {
+  const char* op = "w4a16_gemm";
+  W4a16GemmArgs args{};
+  check_marlin_sizes(op, size_k, size_n, num_bits);
+  TORCH_CHECK(size_m >= 0, op, ": size_m must be non-negative, got ", size_m);
+
+  check_device(op, "a", a, device);
+  check_half_dtype(op, "a", a);
+  check_dim(op, "a", a, 2);
+  check_shape(op, "a", a, {size_m, size_k});
+  TORCH_CHECK(a.stride(1) == 1 || size_m == 0, op,
+              ": a must be unit-stride along K (row stride may exceed K), got strides ",
+              a.strides());
+
+  check_device(op, "b_q_weight", b_q_weight, device);
+  check_same_device(op, "b_q_weight", b_q_weight, "a", a);
+  check_dtype(op, "b_q_weight", b_q_weight, at::kInt);
+  check_dim(op, "b_q_weight", b_q_weight, 2);
+  check_shape(op, "b_q_weight", b_q_weight, {size_k / 16, 2 * size_n});
+  check_contiguous(op, "b_q_weight", b_q_weight);
+
+  check_device(op, "b_scales", b_scales, device);
+  check_same_device(op, "b_scales", b_scales, "a", a);
+  TORCH_CHECK(b_scales.scalar_type() == a.scalar_type(), op, ": b_scales must have the dtype of a (",
+              a.scalar_type(), "), got ", b_scales.scalar_type());
+  check_dim(op, "b_scales", b_scales, 2);
+  TORCH_CHECK(b_scales.size(0) >= 1 && b_scales.size(1) == size_n, op,
+              ": b_scales must have shape [num_groups >= 1, size_n = ", size_n, "], got ",
+              b_scales.sizes());
+  check_contiguous(op, "b_scales", b_scales);
+  args.num_groups = b_scales.size(0);
+
+  args.has_zp = has_values(b_zeros);
+  if (args.has_zp)
+    check_int32_operand(op, "b_zeros", *b_zeros, device, a, {args.num_groups, size_n / 8});
+
+  const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
+  TORCH_CHECK(has_g_idx == has_perm_, op,
+              ": g_idx and perm must both be given (act-order) or both be None/empty, got g_idx ",
+              has_g_idx ? "given" : "absent", " and perm ", has_perm_ ? "given" : "absent");
+  args.has_act_order = has_g_idx && has_perm_;
+  if (args.has_act_order) {
+    check_int32_operand(op, "g_idx", *g_idx, device, a, {size_k});
+    check_int32_operand(op, "perm", *perm, device, a, {size_k});
+    // A full-K act-order layer has K / G rows per group (vLLM derives group_size from it).
+    if (is_k_full)
+      TORCH_CHECK(size_k % args.num_groups == 0, op, ": with act-order and is_k_full, the ",
+                  "number of groups (b_scales.size(0) = ", args.num_groups,
+                  ") must divide size_k = ", size_k);
+    check_index_range(op, "perm", *perm, size_k);
+    check_index_range(op, "g_idx", *g_idx, args.num_groups);
+    args.group_size = 0;
+  } else {
+    TORCH_CHECK(size_k % args.num_groups == 0, op, ": the number of groups (b_scales.size(0) = ",
+                args.num_groups, ") must divide size_k = ", size_k);
+    args.group_size = size_k / args.num_groups;
+  }
+
+  check_device(op, "workspace", workspace, device);
+  check_same_device(op, "workspace", workspace, "a", a);
+  check_dtype(op, "workspace", workspace, at::kInt);
+  const int64_t min_workspace = size_n / 64 * 16;  // one lock per 64 columns x max_par 16
+  TORCH_CHECK(workspace.numel() >= min_workspace, op, ": workspace must have at least ",
+              min_workspace, " elements (size_n / 64 * 16), got ", workspace.numel());
+
+  args.has_bias = has_values(b_bias);
+  if (args.has_bias) {
+    check_device(op, "b_bias", *b_bias, device);
+    check_same_device(op, "b_bias", *b_bias, "a", a);
+    TORCH_CHECK(b_bias->scalar_type() == a.scalar_type(), op,
+                ": b_bias must have the dtype of a (", a.scalar_type(), "), got ",
+                b_bias->scalar_type());
+    check_dim(op, "b_bias", *b_bias, 1);
+    check_shape(op, "b_bias", *b_bias, {size_n});
+    check_contiguous(op, "b_bias", *b_bias);
+  }
+  return args;
+}
+
+}  // namespace w4k

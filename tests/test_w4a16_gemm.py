@@ -1,0 +1,433 @@
+"""w4a16_gemm (vLLM gptq_marlin_gemm semantics) against independent references.
+
+* Numerics: ``reference.w4a16_gemm`` (float64 product of ``a[:, perm]`` and the weight
+  dequantized with one rounding to the activation dtype). The kernel differs only by its fp32
+  accumulation and the final rounding, so the tolerance is derived, not tuned (see ``tolerance``).
+* Layout: the golden vectors (tests/data/marlin.json, produced by upstream vLLM / IST-DASLab
+  code) are fed through the GEMM with an identity ``a``, which must return the decoded weight,
+  scales and zero points exactly.
+* Argument checks: one test per bad-input class, asserting the message.
+"""
+
+import pytest
+import torch
+
+import golden
+from conftest import backend_or_skip
+from w4kernels import ops, reference
+
+OP = "w4a16_gemm"
+DTYPES = [torch.float16, torch.bfloat16]
+# Unit roundoff of the output dtype (half an ulp, relative) and of the fp32 accumulator.
+U_OUT = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+U_F32 = 2.0 ** -24
+
+
+def make_case(m, size_k, size_n, group_size, dtype, act_order=None, zp=False, bias=False,
+              seed=0):
+    """Random Marlin-format operands. act_order: None, "k_full" or "shard" (a row-parallel
+    shard: b_scales holds the groups of a layer twice as long, g_idx indexes them directly)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (size_k, size_n), dtype=torch.int32, generator=gen)
+    g_idx = perm = None
+    if act_order == "shard":
+        num_groups = max(2, 2 * size_k // (group_size if group_size > 0 else size_k))
+        g_idx = torch.randint(0, num_groups, (size_k,), generator=gen).sort().values.int()
+    else:
+        num_groups = 1 if group_size == -1 else size_k // group_size
+        if act_order == "k_full":
+            g_orig = (torch.arange(size_k) * num_groups // size_k)[torch.randperm(size_k,
+                                                                                 generator=gen)]
+            perm_long = torch.argsort(g_orig, stable=True)
+            g_idx = g_orig[perm_long].int()
+    if act_order is not None:
+        perm = torch.randperm(size_k, generator=gen).int()
+    s = ((torch.rand(num_groups, size_n, generator=gen) + 0.05) * 0.02).to(dtype)
+    s[torch.rand(num_groups, size_n, generator=gen) < 0.25] *= -1  # negative scales too
+    b_scales = reference.marlin_permute_scales(
+        s, size_k, size_n, group_size if num_groups > 1 else -1)
+    b_zeros = None
+    if zp:
+        z = torch.randint(0, 16, (num_groups, size_n), dtype=torch.int32, generator=gen)
+        b_zeros = reference.marlin_zero_points(z, num_groups, size_n)
+    groups = g_idx.long() if g_idx is not None else torch.arange(size_k) // (size_k // num_groups)
+    w = ((q - (z[groups] if zp else 8)).double() * s.double()[groups]).to(dtype)
+    return dict(
+        _w=w,  # the weight dequantized from the unpacked operands (for the tolerance)
+        a=torch.randn(m, size_k, generator=gen).to(dtype),
+        b_q_weight=reference.marlin_pack(q),
+        b_scales=b_scales,
+        b_zeros=b_zeros,
+        g_idx=g_idx,
+        perm=perm,
+        workspace=ops.marlin_workspace(size_n),
+        num_bits=4,
+        size_m=m,
+        size_n=size_n,
+        size_k=size_k,
+        is_k_full=act_order != "shard",
+        b_bias=(torch.randn(size_n, generator=gen) * 0.5).to(dtype) if bias else None,
+        use_fp32_reduce=True,
+    )
+
+
+def op_args(case):
+    return {k: v for k, v in case.items() if not k.startswith("_")}
+
+
+def call(backend, case):
+    c = case
+    return backend.op(OP)(c["a"], c["b_q_weight"], c["b_scales"], c["b_zeros"], c["g_idx"],
+                          c["perm"], c["workspace"], c["num_bits"], c["size_m"], c["size_n"],
+                          c["size_k"], c["is_k_full"], c["b_bias"], c["use_fp32_reduce"])
+
+
+def tolerance(case, ref):
+    """Elementwise error bound of the kernel against the float64 reference ``ref``.
+
+    With the weights rounded identically, the only differences are (1) fp32 accumulation of K
+    products plus the bias: at most (K + 1) * 2^-24 * sum_k |a * w| (+ |bias|), and (2) the final
+    rounding to fp16/bf16: half an ulp, |ref| * 2^-11 (fp16) or 2^-8 (bf16), plus the smallest
+    fp16 subnormal for results near zero.
+    """
+    c = case
+    a = c["a"].double()
+    if c["perm"] is not None:
+        a = a[:, c["perm"].long()]
+    mag = a.abs() @ c["_w"].double().abs()
+    if c["b_bias"] is not None:
+        mag = mag + c["b_bias"].double().abs()
+    acc_err = (c["size_k"] + 1) * U_F32 * mag
+    return U_OUT[c["a"].dtype] * (ref.abs() + acc_err) + acc_err + 2.0 ** -24
+
+
+def check_against_reference(backend, case):
+    out = call(backend, case)
+    assert out.dtype == case["a"].dtype and out.shape == (case["size_m"], case["size_n"])
+    ref = reference.w4a16_gemm(**op_args(case))
+    tol = tolerance(case, ref)
+    err = (out.double() - ref).abs()
+    worst = (err - tol).argmax()
+    assert bool((err <= tol).all()), (
+        f"max excess at flat index {int(worst)}: err {err.flatten()[worst].item():.3e} > "
+        f"tol {tol.flatten()[worst].item():.3e}")
+
+
+# ---- numerics against the float64 reference -------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simt", "cuda"])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("size_k,size_n", [(128, 64), (256, 192)])
+@pytest.mark.parametrize("m", [1, 3, 16, 33, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_shapes(backend, dtype, m, size_k, size_n, group_size):
+    b = backend_or_skip(backend, OP)
+    if group_size >= size_k:
+        pytest.skip("group_size >= K is per-channel")
+    check_against_reference(b, make_case(m, size_k, size_n, group_size, dtype, seed=m))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simt", "cuda"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("act_order", [None, "k_full", "shard"], ids=["noact", "act", "shard"])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [3, 33])
+def test_options(backend, m, dtype, group_size, act_order, zp, bias):
+    """Act-order (full K and row-parallel shard), zero points and bias. M = 3 takes the CPU
+    kernel's small-M (lookup-table) path, M = 33 its blocked path with a remainder after the
+    6-row register blocks. Act-order + zero points is not a vLLM combination but the formula
+    is the same, so it is tested too."""
+    b = backend_or_skip(backend, OP)
+    if act_order == "shard" and group_size == -1:
+        pytest.skip("a sharded act-order layer has more than one group")
+    check_against_reference(b, make_case(m, 256, 192, group_size, dtype, act_order, zp, bias,
+                                         seed=7))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("lut_rows", ["0", "8"], ids=["blocked", "lut"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, m):
+    """Both AVX-512 small-M variants (lookup tables and the blocked dequantize-then-FMA path,
+    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias."""
+    b = backend_or_skip("cpu", OP)
+    monkeypatch.setenv("W4K_W4A16_LUT_ROWS", lut_rows)
+    check_against_reference(b, make_case(m, 512, 128, 64, dtype, zp=True, bias=True, seed=m))
+
+
+LLAMA_CASES = [  # (dtype, variant, m); the float64 reference of this shape takes seconds
+    (torch.float16, "gptq", 1), (torch.bfloat16, "gptq", 16), (torch.bfloat16, "awq", 1),
+    (torch.float16, "act", 16),
+]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "simt", "cuda"])
+@pytest.mark.parametrize("dtype,variant,m", LLAMA_CASES,
+                         ids=[f"{str(d)[6:]}-{v}-M{m}" for d, v, m in LLAMA_CASES])
+def test_llama_mlp_shape(backend, dtype, variant, m):
+    """A realistic layer (K, N) = (4096, 11008) with group size 128: GPTQ, AWQ (zero points)
+    and act-order."""
+    b = backend_or_skip(backend, OP)
+    act_order = "k_full" if variant == "act" else None
+    check_against_reference(b, make_case(m, 4096, 11008, 128, dtype, act_order,
+                                         zp=variant == "awq", seed=11))
+
+
+@pytest.mark.parametrize("m", [1, 5, 33])
+@pytest.mark.parametrize("config", ["g64", "g-1_zp_bias", "act_shard"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("isa", ["generic", "avx512"])
+def test_capped_isa(monkeypatch, isa, dtype, config, m):
+    """The kernel paths a machine without AVX-512 (generic: portable C++) or without AVX512-BF16
+    (avx512: fp32 FMAs for bf16 too) would run, forced through W4K_W4A16_ISA."""
+    b = backend_or_skip("cpu", OP)
+    monkeypatch.setenv("W4K_W4A16_ISA", isa)
+    args = {"g64": (64, None, False, False), "g-1_zp_bias": (-1, None, True, True),
+            "act_shard": (32, "shard", False, True)}[config]
+    check_against_reference(b, make_case(m, 256, 128, args[0], dtype, *args[1:], seed=3))
+
+
+def test_generic_and_avx512_agree(monkeypatch):
+    """Both paths round the weights identically; only the fp32 summation order may differ."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(9, 512, 256, 128, torch.float16, "k_full", seed=5)
+    fast = call(b, case)
+    monkeypatch.setenv("W4K_W4A16_ISA", "generic")
+    tol = tolerance(case, reference.w4a16_gemm(**op_args(case)))
+    assert bool(((call(b, case).double() - fast.double()).abs() <= 2 * tol).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_weights_are_rounded_to_half_once(dtype):
+    """Regression: w = half((q - 8) * s) before the fp32 accumulation (real Marlin's order).
+    All weights of a column are equal, a = 1 and K = 1008 < 2^13, so every fp32 partial sum
+    j * w is exact and the output must be half(K * half(7 * s)) to the bit; accumulating the
+    unrounded product 7 * s instead gives half(K * 7 * s), which differs for some columns."""
+    b = backend_or_skip("cpu", OP)
+    size_k, size_n = 1008, 64
+    q = torch.full((size_k, size_n), 15, dtype=torch.int32)  # q - 8 = 7
+    s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n)
+    case = make_case(1, size_k, size_n, -1, dtype)
+    case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
+                b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1))
+    w = (7.0 * s.double()).to(dtype).double()
+    expected = (size_k * w).to(dtype)
+    unrounded = (size_k * 7.0 * s.double()).to(dtype)
+    assert not torch.equal(expected, unrounded), "scales must make the two orders differ"
+    assert golden.same_bits(call(b, case), expected)
+
+
+def test_a_with_row_stride():
+    """a may be a column slice of a wider tensor (row stride > K), as vLLM allows."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(7, 256, 128, 64, torch.bfloat16, seed=2)
+    wide = torch.randn(7, 256 + 40).to(torch.bfloat16)
+    wide[:, 8:264] = case["a"]
+    case["a"] = wide[:, 8:264]
+    assert case["a"].stride(0) == 296
+    check_against_reference(b, case)
+
+
+def test_empty_m_returns_empty():
+    b = backend_or_skip("cpu", OP)
+    case = make_case(0, 128, 64, 32, torch.float16)
+    out = call(b, case)
+    assert out.shape == (0, 64) and out.dtype == torch.float16
+
+
+@pytest.mark.parametrize("config", ["g128", "act_zp_bias", "shard"])
+def test_opcheck(config):
+    backend_or_skip("cpu", OP)
+    args = {"g128": (128, None, False, False), "act_zp_bias": (64, "k_full", True, True),
+            "shard": (32, "shard", False, False)}[config]
+    case = make_case(5, 256, 128, args[0], torch.bfloat16, *args[1:], seed=4)
+    c = case
+    torch.library.opcheck(
+        torch.ops.w4kernels.w4a16_gemm,
+        (c["a"], c["b_q_weight"], c["b_scales"], c["b_zeros"], c["g_idx"], c["perm"],
+         c["workspace"], 4, c["size_m"], c["size_n"], c["size_k"], c["is_k_full"], c["b_bias"],
+         True))
+
+
+# ---- layout against the golden vectors ------------------------------------------------------
+
+
+def identity_gemm(backend, b_q_weight, b_scales, b_zeros, size_k, size_n, g_idx=None,
+                  perm=None):
+    """a = I (K x K, fp16/bf16 like the scales): the output is the dequantized weight itself."""
+    a = torch.eye(size_k, dtype=b_scales.dtype)
+    if perm is not None:  # a[:, perm] must be I again so that row r of the output is weight row r
+        a = a[:, torch.argsort(perm.long())]
+    return backend.op(OP)(a, b_q_weight, b_scales, b_zeros, g_idx, perm,
+                          ops.marlin_workspace(size_n), 4, size_k, size_n, size_k, True, None,
+                          True)
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "gptq_marlin_repack"))
+def test_golden_gptq_repack_layout(case):
+    """Upstream gptq_marlin_repack output decodes to the GPTQ codes (Marlin row r = GPTQ row
+    perm[r]): with unit scales and z = 8 the GEMM returns q - 8 exactly."""
+    b = backend_or_skip("cpu", OP)
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    gptq = case["inputs"]["b_q_weight"]
+    shifts = (4 * (torch.arange(k) % 8)).reshape(k, 1)
+    q = (gptq.repeat_interleave(8, dim=0) >> shifts) & 0xF  # nibble k % 8 of word [k // 8, n]
+    perm = case["inputs"]["perm"]
+    if perm.numel() > 0:
+        q = q[perm.long()]
+    out = identity_gemm(b, case["expected"]["out"], torch.ones(1, n, dtype=torch.float16), None,
+                        k, n)
+    assert torch.equal(out, (q - 8).to(torch.float16))
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_permute_scales"))
+def test_golden_scale_permutation(case):
+    """Upstream-permuted scales decode to the original ones: every code 9 (w = s) and a = I."""
+    b = backend_or_skip("cpu", OP)
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    s, s_marlin = case["inputs"]["s"], case["expected"]["out"]
+    nines = torch.full((k // 16, 2 * n), 0x99999999 - (1 << 32), dtype=torch.int32)
+    out = identity_gemm(b, nines, s_marlin, None, k, n)
+    assert golden.same_bits(out, s.repeat_interleave(k // s.shape[0], dim=0))
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_zero_points"))
+def test_golden_zero_points(case):
+    """Upstream Marlin zero points decode to the original ones: every code 0, unit scales, so
+    w = -z."""
+    b = backend_or_skip("cpu", OP)
+    g, n, k = case["params"]["size_k"], case["params"]["size_n"], case["params"]["weight_size_k"]
+    zeros = torch.zeros(k // 16, 2 * n, dtype=torch.int32)
+    out = identity_gemm(b, zeros, torch.ones(g, n, dtype=torch.bfloat16),
+                        case["expected"]["out"], k, n)
+    expected = -case["inputs"]["zp"].repeat_interleave(k // g, dim=0).to(torch.bfloat16)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_layer_pack"))
+def test_golden_layer_pack(case):
+    """IST-DASLab Marlin Layer.pack (weight + fp16 scales): the GEMM with a = I returns
+    fp16((q - 8) * s) bit for bit."""
+    b = backend_or_skip("cpu", OP)
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    q, s = case["inputs"]["q"].int(), case["inputs"]["s"]
+    out = identity_gemm(b, case["expected"]["B"], case["expected"]["s"], None, k, n)
+    g = s.shape[0]
+    expected = ((q - 8).float() * s.float().repeat_interleave(k // g, dim=0)).to(torch.float16)
+    assert golden.same_bits(out, expected)
+
+
+# ---- argument checks ------------------------------------------------------------------------
+
+
+def _base():
+    """A valid case with every optional argument present (act-order, zero points, bias)."""
+    return make_case(4, 128, 128, 32, torch.float16, "k_full", zp=True, bias=True)
+
+
+# name -> (modification of _base(), expected message regex)
+BAD_INPUTS = {
+    # dtypes
+    "a_dtype": (lambda c: c.update(a=c["a"].float()), r"a must have dtype float16 or bfloat16"),
+    "b_q_weight_dtype": (lambda c: c.update(b_q_weight=c["b_q_weight"].long()),
+                         r"b_q_weight must have dtype Int, got Long"),
+    "b_scales_dtype": (lambda c: c.update(b_scales=c["b_scales"].bfloat16()),
+                       r"b_scales must have the dtype of a \(Half\), got BFloat16"),
+    "b_zeros_dtype": (lambda c: c.update(b_zeros=c["b_zeros"].short()),
+                      r"b_zeros must have dtype Int, got Short"),
+    "g_idx_dtype": (lambda c: c.update(g_idx=c["g_idx"].long()),
+                    r"g_idx must have dtype Int, got Long"),
+    "perm_dtype": (lambda c: c.update(perm=c["perm"].long()), r"perm must have dtype Int"),
+    "workspace_dtype": (lambda c: c.update(workspace=c["workspace"].float()),
+                        r"workspace must have dtype Int, got Float"),
+    "bias_dtype": (lambda c: c.update(b_bias=c["b_bias"].float()),
+                   r"b_bias must have the dtype of a \(Half\), got Float"),
+    # devices
+    "a_meta": (lambda c: c.update(a=c["a"].to("meta")), r"a must be on a cpu device, got meta"),
+    "b_q_weight_meta": (lambda c: c.update(b_q_weight=c["b_q_weight"].to("meta")),
+                        r"b_q_weight must be on a cpu device, got meta"),
+    "b_scales_meta": (lambda c: c.update(b_scales=c["b_scales"].to("meta")),
+                      r"b_scales must be on a cpu device, got meta"),
+    "perm_meta": (lambda c: c.update(perm=c["perm"].to("meta")),
+                  r"perm must be on a cpu device, got meta"),
+    # ranks
+    "a_rank": (lambda c: c.update(a=c["a"].reshape(1, 4, 128)), r"a must be a 2-D tensor, got 3-D"),
+    "b_q_weight_rank": (lambda c: c.update(b_q_weight=c["b_q_weight"].flatten()),
+                        r"b_q_weight must be a 2-D tensor, got 1-D"),
+    "g_idx_rank": (lambda c: c.update(g_idx=c["g_idx"].reshape(2, 64)),
+                   r"g_idx must be a 1-D tensor, got 2-D"),
+    # shapes vs sizes
+    "size_m": (lambda c: c.update(size_m=5), r"a must have shape \[5, 128\], got \[4, 128\]"),
+    "size_k": (lambda c: c.update(size_k=256), r"a must have shape \[4, 256\], got \[4, 128\]"),
+    "size_n": (lambda c: c.update(size_n=192),
+               r"b_q_weight must have shape \[8, 384\], got \[8, 256\]"),
+    "scales_n": (lambda c: c.update(b_scales=c["b_scales"][:, :64].contiguous()),
+                 r"b_scales must have shape \[num_groups >= 1, size_n = 128\], got \[4, 64\]"),
+    "zeros_groups": (lambda c: c.update(b_zeros=c["b_zeros"][:2].contiguous()),
+                     r"b_zeros must have shape \[4, 16\], got \[2, 16\]"),
+    "bias_shape": (lambda c: c.update(b_bias=c["b_bias"][:64].contiguous()),
+                   r"b_bias must have shape \[128\], got \[64\]"),
+    # tile multiples
+    "k_multiple": (lambda c: c.update(size_k=120, a=c["a"][:, :120].contiguous()),
+                   r"size_k must be a multiple of 16, got 120"),
+    "n_multiple": (lambda c: c.update(size_n=96), r"size_n must be a multiple of 64, got 96"),
+    # groups
+    "groups_divide_k": (lambda c: c.update(g_idx=None, perm=None, b_zeros=None,
+                                           b_scales=torch.ones(3, 128, dtype=torch.float16)),
+                        r"number of groups \(b_scales.size\(0\) = 3\) must divide size_k = 128"),
+    "act_groups_divide_k": (lambda c: c.update(b_zeros=None,
+                                               b_scales=torch.ones(3, 128, dtype=torch.float16)),
+                            r"with act-order and is_k_full, the number of groups"),
+    # act-order tensors
+    "perm_length": (lambda c: c.update(perm=c["perm"][:64].contiguous()),
+                    r"perm must have shape \[128\], got \[64\]"),
+    "g_idx_length": (lambda c: c.update(g_idx=torch.zeros(127, dtype=torch.int32)),
+                     r"g_idx must have shape \[128\], got \[127\]"),
+    "perm_range": (lambda c: c["perm"].__setitem__(3, 128),
+                   r"perm values must lie in \[0, 128\), got perm\[3\] = 128"),
+    "g_idx_range": (lambda c: c["g_idx"].__setitem__(-1, 4),
+                    r"g_idx values must lie in \[0, 4\), got g_idx\[127\] = 4"),
+    "g_idx_without_perm": (lambda c: c.update(perm=None),
+                           r"g_idx and perm must both be given .* got g_idx given and perm absent"),
+    # bits, empty sizes, workspace
+    "num_bits": (lambda c: c.update(num_bits=8), r"num_bits must be 4 .*got 8"),
+    "k_zero": (lambda c: c.update(size_k=0, a=c["a"][:, :0]), r"size_k must be positive, got 0"),
+    "n_zero": (lambda c: c.update(size_n=0), r"size_n must be positive, got 0"),
+    "workspace_small": (lambda c: c.update(workspace=torch.zeros(8, dtype=torch.int32)),
+                        r"workspace must have at least 32 elements"),
+    # contiguity
+    "a_column_stride": (lambda c: c.update(a=c["a"].t().contiguous().t()),
+                        r"a must be unit-stride along K"),
+    "b_q_weight_noncontiguous": (
+        lambda c: c.update(b_q_weight=torch.cat([c["b_q_weight"]] * 2, dim=1)[:, ::2]),
+        r"b_q_weight must be contiguous"),
+    "b_scales_noncontiguous": (
+        lambda c: c.update(b_scales=c["b_scales"].t().contiguous().t()),
+        r"b_scales must be contiguous"),
+    "perm_noncontiguous": (lambda c: c.update(perm=torch.cat([c["perm"]] * 2)[::2]),
+                           r"perm must be contiguous"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input(name):
+    """The CPU kernel is called through redispatch so that 'meta' tensors reach its device
+    check (a plain call with any meta argument would dispatch to the fake)."""
+    backend_or_skip("cpu", OP)
+    case = _base()
+    call_cpu_kernel(case)  # the base case itself is valid
+    modify, message = BAD_INPUTS[name]
+    modify(case)
+    with pytest.raises(RuntimeError, match="w4a16_gemm: .*" + message):
+        call_cpu_kernel(case)
+
+
+def call_cpu_kernel(case):
+    c = case
+    return torch.ops.w4kernels.w4a16_gemm.default.redispatch(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), c["a"], c["b_q_weight"],
+        c["b_scales"], c["b_zeros"], c["g_idx"], c["perm"], c["workspace"], c["num_bits"],
+        c["size_m"], c["size_n"], c["size_k"], c["is_k_full"], c["b_bias"], c["use_fp32_reduce"])
