@@ -209,10 +209,7 @@ template <int lut>
 W4K_PTX uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
   static_assert(lut >= 0 && lut <= 255, "lop3 LUT is 8 bits");
 #if W4K_SIMT
-  uint32_t r = 0;
-  for (int i = 0; i < 8; ++i)
-    if ((lut >> i) & 1) r |= ((i & 4) ? a : ~a) & ((i & 2) ? b : ~b) & ((i & 1) ? c : ~c);
-  return r;
+  return simt::lop3(lut, a, b, c);
 #else
   uint32_t r;
   asm volatile("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(lut));
@@ -224,15 +221,7 @@ W4K_PTX uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
 // i is byte (s >> 4i) & 7, replaced by its sign bit replicated (0x00/0xFF) if (s >> 4i) & 8.
 W4K_PTX uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
 #if W4K_SIMT
-  const uint64_t bytes = uint64_t(a) | (uint64_t(b) << 32);
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t sel = (selector >> (4 * i)) & 0xF;
-    uint32_t byte = uint32_t(bytes >> (8 * (sel & 7))) & 0xFF;
-    if (sel & 8) byte = (byte & 0x80) ? 0xFF : 0x00;
-    r |= byte << (8 * i);
-  }
-  return r;
+  return simt::prmt(a, b, selector);
 #else
   uint32_t r;
   asm volatile("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
@@ -257,7 +246,7 @@ W4K_PTX int ld_acquire_gpu(const int* p) {
 // Atomic add with release semantics, no return value.
 W4K_PTX void red_release_gpu_add(int* p, int v) {
 #if W4K_SIMT
-  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+  simt::red_release_add(p, v);
 #else
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
 #endif
@@ -265,7 +254,7 @@ W4K_PTX void red_release_gpu_add(int* p, int v) {
 // Store with release semantics.
 W4K_PTX void st_release_gpu(int* p, int v) {
 #if W4K_SIMT
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  simt::st_release(p, v);
 #else
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
 #endif

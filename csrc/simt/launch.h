@@ -87,12 +87,17 @@ inline void run_block(Launch& L, int64_t linear, bool& holds_permit) {
       f.lane = t % 32;
       f.stack = StackPool::get().take();
       make_context(f.ctx, f.stack, &fiber_main, &f);
+      auto lo = reinterpret_cast<uintptr_t>(f.stack.base);
+      b.stack_ranges.emplace_back(lo, lo + f.stack.total);
     }
+    std::sort(b.stack_ranges.begin(), b.stack_ranges.end());
+    tl_block = &b;
     b.run();
     if (b.error) std::rethrow_exception(b.error);
   } catch (...) {
     L.fail(std::current_exception());
   }
+  tl_block = nullptr;
   holds_permit = b.holds_permit;
   b.release_resources();
 }

@@ -51,7 +51,7 @@ inline void cp_async_wait(int n) {
   Fiber& f = current();
   while (int(f.cp_groups.size()) > n) {
     for (AsyncCopy& c : f.cp_groups.front()) land(c);
-    f.cp_groups.pop_front();
+    f.cp_groups.erase(f.cp_groups.begin());
   }
 }
 
@@ -65,6 +65,10 @@ __attribute__((noinline)) inline int ld_acquire(const int* p) {
   spin_observe(site, uint32_t(v));
   return v;
 }
+
+// Release operations need no yield: nothing waits on the releasing thread itself.
+inline void red_release_add(int* p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
+inline void st_release(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 template <class T, class Op>
 inline T atomic_rmw(T* p, Op op, const void* site) {

@@ -2,6 +2,8 @@
 // the grid launcher. Design notes are in simt/simt.h.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -57,8 +59,11 @@ struct Fiber {
   int warp = 0, lane = 0;
   FiberState state = FiberState::Ready;
   StopReason stop = StopReason::None;
-  // what a Waiting fiber waits for (diagnostics)
-  std::string wait_what;
+  // what a Waiting fiber waits for (diagnostics only, formatted on deadlock)
+  const char* wait_name = nullptr;  // "__syncthreads", "bar.sync", "__shfl_sync", ...
+  const void* wait_site = nullptr;
+  uint32_t wait_mask = 0;  // collectives: member mask
+  int wait_barrier = -1;   // barriers: id
   // spin detection: the last acquire-style load (site, value) and how often it repeated
   const void* spin_site = nullptr;
   uint64_t spin_value = 0;
@@ -66,7 +71,7 @@ struct Fiber {
   bool spin_repeat = false;
   // cp.async: copies issued since the last commit, then committed groups oldest first
   std::vector<AsyncCopy> cp_open;
-  std::deque<std::vector<AsyncCopy>> cp_groups;
+  std::vector<std::vector<AsyncCopy>> cp_groups;  // few: erase at the front is fine
 };
 
 struct Barrier {
@@ -116,8 +121,32 @@ inline std::string ptr_str(const void* p) {
   std::snprintf(buf, sizeof buf, "%p", p);
   return buf;
 }
+// A return address as "0x7f..2a (kernel_name+0x2a, /path/lib.so+0x1f29)". The object-relative
+// offset is one byte back, inside the call instruction, so that
+// `addr2line -f -C -i -e /path/lib.so 0x1f29` names the calling source line (needs -g / -g1).
+inline std::string site_str(const void* site) {
+  std::string s = ptr_str(site);
+  Dl_info info;
+  if (site && dladdr(site, &info) && info.dli_fname) {
+    char buf[64];
+    s += " (";
+    if (info.dli_sname) {
+      s += info.dli_sname;
+      std::snprintf(buf, sizeof buf, "+0x%lx, ",
+                    (unsigned long)((const char*)site - (const char*)info.dli_saddr));
+      s += buf;
+    }
+    std::snprintf(buf, sizeof buf, "+0x%lx)",
+                  (unsigned long)((const char*)site - (const char*)info.dli_fbase) - 1);
+    s += info.dli_fname;
+    s += buf;
+  }
+  return s;
+}
 
-inline thread_local Fiber* tl_fiber = nullptr;
+inline thread_local Fiber* tl_fiber = nullptr;  // the running CUDA thread (null in the scheduler)
+struct Block;
+inline thread_local Block* tl_block = nullptr;  // the block this OS thread runs (diagnostics)
 
 // The grid being run: blocks are handed to fresh OS threads, at most `permits` of them running
 // at once; a block whose threads only spin gives its permit back so that other blocks (possibly
@@ -188,13 +217,15 @@ struct Block {
   [[noreturn]] void fail_tid(int tid, const std::string& what) const {
     raise("simt: " + what + " (" + where_tid(tid) + ")");
   }
+  // Sorted [begin, end) of the fibers' stack mappings, for "is this local memory?" checks.
+  std::vector<std::pair<uintptr_t, uintptr_t>> stack_ranges;
   bool in_fiber_stack(const void* p, size_t n) const {
-    auto a = reinterpret_cast<uintptr_t>(p);
-    for (int t = 0; t < nthreads; ++t) {
-      auto lo = reinterpret_cast<uintptr_t>(fibers[t].stack.base);
-      if (a + n > lo && a < lo + fibers[t].stack.total) return true;
-    }
-    return false;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = std::upper_bound(stack_ranges.begin(), stack_ranges.end(),
+                               std::make_pair(a + n, uintptr_t(0)));
+    if (it == stack_ranges.begin()) return false;
+    --it;  // the last range starting before a + n
+    return a < it->second;
   }
   bool in_dynamic_smem(const void* p) const {
     auto a = reinterpret_cast<uintptr_t>(p), lo = reinterpret_cast<uintptr_t>(smem);
@@ -205,6 +236,7 @@ struct Block {
   void run_one(Fiber& f);
   void on_exit(Fiber& f);
   [[noreturn]] void deadlock();
+  std::string describe_threads(bool only_waiting, int limit) const;
   void release_resources();
 };
 
@@ -285,9 +317,9 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
                 std::to_string(count) + " threads but " + std::to_string(bar.arrived) +
                 " threads wait there expecting " + std::to_string(bar.expected));
     if (syncthreads && bar.site != site)
-      fail_here("divergent __syncthreads: this thread is at call site " + ptr_str(site) +
+      fail_here("divergent __syncthreads: this thread is at call site " + site_str(site) +
                 " while " + std::to_string(bar.arrived) + " thread(s), first " +
-                b.where_tid(bar.waiters.front()) + ", wait at call site " + ptr_str(bar.site));
+                b.where_tid(bar.waiters.front()) + ", wait at call site " + site_str(bar.site));
   }
   ++bar.arrived;
   if (bar.arrived == bar.expected) {
@@ -298,8 +330,9 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
   }
   bar.waiters.push_back(f.tid);
   f.state = FiberState::Waiting;
-  f.wait_what = std::string(what) + " (barrier " + std::to_string(id) + ", call site " +
-                ptr_str(site) + ")";
+  f.wait_name = what;
+  f.wait_site = site;
+  f.wait_barrier = id;
   suspend(StopReason::Blocked);
 }
 
@@ -335,9 +368,9 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
                 " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " +
                 p.name + " with member mask " + hex32(p.mask));
     if (p.fn != fn || p.site != site)
-      fail_here("divergent " + std::string(name) + " at call site " + ptr_str(site) +
+      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) +
                 ": lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
-                " at call site " + ptr_str(p.site) + " (all lanes of the mask must execute the "
+                " at call site " + site_str(p.site) + " (all lanes of the mask must execute the "
                 "same instruction)");
     r = &p;
     break;
@@ -362,8 +395,10 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
     return;
   }
   f.state = FiberState::Waiting;
-  f.wait_what = std::string(name) + " (member mask " + hex32(mask) + ", call site " +
-                ptr_str(site) + ")";
+  f.wait_name = name;
+  f.wait_site = site;
+  f.wait_mask = mask;
+  f.wait_barrier = -1;
   suspend(StopReason::Blocked);
 }
 
@@ -420,18 +455,47 @@ inline void Block::run_one(Fiber& f) {
   if (f.state == FiberState::Done) on_exit(f);
 }
 
-[[noreturn]] inline void Block::deadlock() {
+// One line per live thread of the block: running/ready, or what it waits for.
+inline std::string Block::describe_threads(bool only_waiting, int limit) const {
   std::ostringstream os;
-  os << "simt: deadlock in block (" << block_idx.x << "," << block_idx.y << "," << block_idx.z
-     << "): every live thread is blocked.";
   int shown = 0;
-  for (int t = 0; t < nthreads && shown < 6; ++t) {
-    if (fibers[t].state != FiberState::Waiting) continue;
-    os << "\n  " << where_tid(t) << " waits in " << fibers[t].wait_what;
+  for (int t = 0; t < nthreads && shown < limit; ++t) {
+    const Fiber& f = fibers[t];
+    if (f.state == FiberState::Done || (only_waiting && f.state != FiberState::Waiting)) continue;
+    os << "\n  " << where_tid(t);
+    if (f.state == FiberState::Ready) {
+      os << (&f == tl_fiber ? " is running" : " is ready");
+    } else {
+      os << " waits in " << f.wait_name;
+      if (f.wait_barrier >= 0)
+        os << " (barrier " << f.wait_barrier << ", call site " << site_str(f.wait_site) << ")";
+      else
+        os << " (member mask " << hex32(f.wait_mask) << ", call site " << site_str(f.wait_site)
+           << ")";
+    }
     ++shown;
   }
   if (first_exited >= 0) os << "\n  " << where_tid(first_exited) << " has exited";
+  return os.str();
+}
+
+[[noreturn]] inline void Block::deadlock() {
+  std::ostringstream os;
+  os << "simt: deadlock in block (" << block_idx.x << "," << block_idx.y << "," << block_idx.z
+     << "): every live thread is blocked." << describe_threads(true, 6);
   raise(os.str());
+}
+
+// For debuggers: `call w4k_simt_dump()` from a breakpoint inside a kernel prints where every
+// thread of the current block is.
+extern "C" __attribute__((used, noinline)) inline void w4k_simt_dump() {
+  if (!tl_block) {
+    std::fprintf(stderr, "simt: this OS thread is not running a block\n");
+    return;
+  }
+  const uint3 b = tl_block->block_idx;
+  std::fprintf(stderr, "simt: block (%u,%u,%u)%s\n", b.x, b.y, b.z,
+               tl_block->describe_threads(false, 1 << 30).c_str());
 }
 
 inline void Block::run() {

@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "simt/bitops.h"
 #include "simt/collectives.h"
 #include "simt/cuda_types.h"
 #include "simt/launch.h"
