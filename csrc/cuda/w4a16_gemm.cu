@@ -30,11 +30,13 @@ cudaError_t launch_typed(const W4a16LaunchTensors& t, const at::Tensor& b_scales
       args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
       args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()),
-      size_m, size_n, size_k, args.num_groups, args.group_size, stream);
+      size_m, size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
+      t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, stream);
 }
 
-// The workspace (lock array of a split-K kernel) is not used: one block computes its output
-// tile over the whole K, and partial sums are always added in fp32 (use_fp32_reduce).
+// Split-K targets two blocks per SM (the kernel's occupancy at 255 registers x 128 threads);
+// partial sums are always added in fp32 (use_fp32_reduce is accepted and ignored). The zeroed
+// workspace holds the split-K locks and is left zeroed.
 at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
                            const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
                            const std::optional<at::Tensor>& g_idx,
@@ -47,8 +49,9 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(a.device());
-  const W4a16LaunchTensors t =
-      w4a16_prepare(a, b_q_weight, g_idx, perm, args, size_m, size_n, size_k);
+  const int64_t target_blocks = 2 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, g_idx, perm, workspace, args,
+                                             size_m, size_n, size_k, target_blocks);
   if (size_m == 0) return t.out;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err =

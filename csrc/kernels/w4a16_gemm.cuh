@@ -28,6 +28,10 @@
 // fragments straight from its lane's 16-byte Marlin word group (lop3 int4 -> T2, minus the
 // zero point, times the scale), 8 * kMBlocks mma.m16n8k16 with fp32 accumulators. The four
 // warps' partial sums are added in shared memory at the end (tree), bias added, output rounded.
+// Split-K (small M x N grids): blockIdx.z takes a contiguous run of stages; the splits of one
+// output tile add their fp32 partial sums into c_tmp one after the other, in split order,
+// serialized by a lock per tile in the workspace (ld.acquire spin / red.release), and the last
+// split adds the bias, writes the output and resets the lock to 0.
 // Act-order: a first kernel gathers A's columns through perm (as vLLM does); the GEMM then
 // reads the sorted g_idx per row.
 #pragma once
@@ -46,6 +50,7 @@ constexpr int kTileK = 64;          // K rows per pipeline stage: one 16-row k-t
 constexpr int kStages = 4;          // stages in flight (cp.async groups)
 constexpr int kBTileBytes = 512;    // one 16 x 64 Marlin block: 128 words
 constexpr int kARowBytes = kTileK * 2;
+constexpr int kLocksPerNBlock = 16;  // workspace: one lock per (64-column block, block row)
 
 // Bytes of one pipeline stage: A rows, then 4 Marlin B k-tiles, then 64 g_idx entries.
 template <int kMBlocks>
@@ -139,6 +144,10 @@ struct GemmParams {
   int64_t size_m, size_n, size_k;
   int64_t num_groups;            // G
   int64_t group_size;            // rows per group without g_idx
+  // Split-K: gridDim.z splits of stages_per_split stages each (1: no split, c_tmp/locks unused).
+  int64_t stages_per_split;
+  float* c_tmp;                  // [M, N] fp32 partial sums
+  int* locks;                    // [N/64 * kLocksPerNBlock], zero on entry, zero on exit
 };
 
 // Block-wide barrier (bar.sync 0 over all threads, what __syncthreads compiles to). Used instead
@@ -233,7 +242,13 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
   const int64_t n_blk = blockIdx.x;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * L::kRows;
   const int64_t num_k_tiles = p.size_k / 16;
-  const int64_t num_stages = (p.size_k + kTileK - 1) / kTileK;
+  const int group_size = static_cast<int>(p.group_size);
+  // This split's stages [s_begin, s_end).
+  const int64_t s_begin = static_cast<int64_t>(blockIdx.z) * p.stages_per_split;
+  const int64_t s_end_all = (p.size_k + kTileK - 1) / kTileK;
+  const int64_t s_end = s_begin + p.stages_per_split < s_end_all ? s_begin + p.stages_per_split
+                                                                  : s_end_all;
+  const int64_t num_stages = s_end - s_begin;
 
   float acc[kMBlocks][8][4];
 #pragma unroll
@@ -249,22 +264,23 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
 
   // One commit per slot even when there is nothing left to fetch, so that "at most
   // kStages - 2 groups pending" always means "stage s has landed".
-  auto fetch = [&](int64_t s) {
-    if (s < num_stages)
-      fetch_stage<T, kMBlocks>(smem + (s % kStages) * L::kBytes, p, s, m0, n_blk);
+  // i counts this split's stages; stage s_begin + i sits in slot i % kStages.
+  auto fetch = [&](int64_t i) {
+    if (i < num_stages)
+      fetch_stage<T, kMBlocks>(smem + (i % kStages) * L::kBytes, p, s_begin + i, m0, n_blk);
     ptx::cp_async_commit_group();
   };
-  for (int s = 0; s < kStages - 1; ++s) fetch(s);
+  for (int i = 0; i < kStages - 1; ++i) fetch(i);
 
-  for (int64_t s = 0; s < num_stages; ++s) {
+  for (int64_t i = 0; i < num_stages; ++i) {
     ptx::cp_async_wait_group<kStages - 2>();
     // Stage s is visible to all, and everyone is done with the slot the next fetch reuses.
     block_sync();
-    fetch(s + kStages - 1);
+    fetch(i + kStages - 1);
 
-    const int64_t kt = s * (kTileK / 16) + warp;
+    const int64_t kt = (s_begin + i) * (kTileK / 16) + warp;
     if (kt >= num_k_tiles) continue;  // warp-uniform: the last stage may be partial
-    const char* st = smem + (s % kStages) * L::kBytes;
+    const char* st = smem + (i % kStages) * L::kBytes;
 
     // A fragments: ldmatrix.x4 over rows 16mb .. +15, k 16w .. +15 (lane l: row l%16,
     // k-chunk 2w + l/16).
@@ -283,11 +299,12 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
     int g4[4];
     const int r_lane = 2 * (lane % 4);
     const int r_local[4] = {r_lane, r_lane + 1, r_lane + 8, r_lane + 9};
+    const int row0 = static_cast<int>(kt * 16);  // K < 2^31
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       g4[i] = p.g_idx != nullptr
                   ? reinterpret_cast<const int32_t*>(st + L::kGidxOffset)[16 * warp + r_local[i]]
-                  : static_cast<int>((kt * 16 + r_local[i]) / p.group_size);
+                  : (row0 + r_local[i]) / group_size;
     }
     if (g4[0] != scales.group[0] || g4[1] != scales.group[1] || g4[2] != scales.group[2] ||
         g4[3] != scales.group[3]) {
@@ -340,6 +357,46 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
   exchange(warp == 1, warp == 0, 0, 0);
   if (warp != 0) return;
 
+  if (gridDim.z > 1) {
+    // Serialized split-K: split z waits until the lock of its tile says z, adds the partial sums
+    // of splits 0..z-1 from c_tmp, and passes on (or, the last one, writes the output). Every
+    // lane acquires for itself, so that its c_tmp loads see the previous split's stores.
+    const int z = blockIdx.z;
+    int* lock = p.locks + n_blk * kLocksPerNBlock + blockIdx.y;
+    if (z > 0) {
+      while (ptx::ld_acquire_gpu(lock) != z) {
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int64_t col = n_blk * kTileN + 8 * nt + 2 * (lane % 4);
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+          const int64_t row = m0 + 16 * mb + lane / 4 + 8 * half_row;
+          if (row >= p.size_m) continue;
+          float2* partial = reinterpret_cast<float2*>(p.c_tmp + row * p.size_n + col);
+          float* c2 = &acc[mb][nt][2 * half_row];
+          if (z > 0) {
+            const float2 prev = *partial;
+            c2[0] += prev.x;
+            c2[1] += prev.y;
+          }
+          if (z + 1 < static_cast<int>(gridDim.z)) *partial = make_float2(c2[0], c2[1]);
+        }
+      }
+    }
+    __syncwarp();  // every lane is past its spin and its c_tmp accesses
+    if (z + 1 < static_cast<int>(gridDim.z)) {
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) ptx::red_release_gpu_add(lock, 1);
+      return;
+    }
+    if (lane == 0) ptx::st_release_gpu(lock, 0);  // ready for the next launch
+  }
+
   // Output: c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1] of each 16x8 tile.
   const T* bias = static_cast<const T*>(p.b_bias);
   T* out = static_cast<T*>(p.c);
@@ -380,11 +437,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Rows of M per block: Marlin's m_blocks, 16 * (1..4).
+inline int64_t tile_rows(int64_t size_m) {
+  return size_m <= 16 ? 16 : size_m <= 32 ? 32 : size_m <= 48 ? 48 : 64;
+}
+
+// Stages per split so that about target_blocks blocks run (1 split when the tiles alone reach
+// it, or when there are more block rows than locks per column block).
+inline int64_t stages_per_split(int64_t size_m, int64_t size_n, int64_t size_k,
+                                int64_t target_blocks) {
+  const int64_t num_stages = (size_k + kTileK - 1) / kTileK;
+  const int64_t m_blocks = (size_m + tile_rows(size_m) - 1) / tile_rows(size_m);
+  const int64_t tiles = (size_n / kTileN) * m_blocks;
+  if (m_blocks > kLocksPerNBlock || tiles >= target_blocks) return num_stages;
+  int64_t splits = (target_blocks + tiles - 1) / tiles;
+  if (splits > num_stages) splits = num_stages;
+  return (num_stages + splits - 1) / splits;
+}
+
 template <typename T, int kMBlocks>
 cudaError_t launch_gemm_tile(const GemmParams& p, cudaStream_t stream) {
   using L = StageLayout<kMBlocks>;
   const int64_t m_blocks = (p.size_m + L::kRows - 1) / L::kRows;
-  const dim3 grid(static_cast<unsigned>(p.size_n / kTileN), static_cast<unsigned>(m_blocks));
+  const int64_t num_stages = (p.size_k + kTileK - 1) / kTileK;
+  const int64_t splits = (num_stages + p.stages_per_split - 1) / p.stages_per_split;
+  const dim3 grid(static_cast<unsigned>(p.size_n / kTileN), static_cast<unsigned>(m_blocks),
+                  static_cast<unsigned>(splits));
   auto* kernel = &w4a16_gemm_kernel<T, kMBlocks>;
   W4K_LAUNCH(kernel, grid, dim3(kThreads), L::kSmemBytes, stream, p);
   return cudaGetLastError();
@@ -393,13 +471,22 @@ cudaError_t launch_gemm_tile(const GemmParams& p, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // Tile height by M (Marlin's m_blocks): one block row covers up to 64 rows of M.
-  if (p.size_m <= 16) return launch_gemm_tile<T, 1>(p, stream);
-  if (p.size_m <= 32) return launch_gemm_tile<T, 2>(p, stream);
-  if (p.size_m <= 48) return launch_gemm_tile<T, 3>(p, stream);
-  return launch_gemm_tile<T, 4>(p, stream);
+  switch (tile_rows(p.size_m)) {
+    case 16: return launch_gemm_tile<T, 1>(p, stream);
+    case 32: return launch_gemm_tile<T, 2>(p, stream);
+    case 48: return launch_gemm_tile<T, 3>(p, stream);
+    default: return launch_gemm_tile<T, 4>(p, stream);
+  }
 }
 
 }  // namespace w4a16
+
+// Stages (of 64 rows of K) per split-K slice for a grid of about target_blocks blocks (e.g. a
+// few per SM); a value >= ceil(K / 64) means no split.
+inline int64_t w4a16_gemm_stages_per_split(int64_t size_m, int64_t size_n, int64_t size_k,
+                                           int64_t target_blocks) {
+  return w4a16::stages_per_split(size_m, size_n, size_k, target_blocks);
+}
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
 // and ops.w4a16_gemm. T = half or __nv_bfloat16 for a, b_scales, b_bias and out.
@@ -407,12 +494,16 @@ cudaError_t launch_gemm(const GemmParams& p, cudaStream_t stream) {
 // g_idx 16-byte aligned, lda % 8 == 0; perm and g_idx both given or both nullptr, g_idx sorted
 // with values in [0, G); a_perm_tmp: M * K elements of T when perm is given (else unused);
 // group_size = K / G when g_idx is nullptr.
+// Split-K: stages_per_split from w4a16_gemm_stages_per_split (>= the stage count: no split);
+// with a split, c_tmp is M * N floats of scratch and locks N / 64 * 16 zeroed ints (the op's
+// workspace; left zeroed).
 template <typename T>
 cudaError_t launch_w4a16_gemm(const T* a, int64_t lda, const uint32_t* b_q_weight,
                               const T* b_scales, const uint32_t* b_zeros, const int32_t* g_idx,
                               const int32_t* perm, T* a_perm_tmp, const T* b_bias, T* out,
                               int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
-                              int64_t group_size, cudaStream_t stream) {
+                              int64_t group_size, int64_t stages_per_split, float* c_tmp,
+                              int* locks, cudaStream_t stream) {
   if (size_m == 0) return cudaSuccess;
   w4a16::GemmParams p{};
   p.a = a;
@@ -437,6 +528,9 @@ cudaError_t launch_w4a16_gemm(const T* a, int64_t lda, const uint32_t* b_q_weigh
   p.size_k = size_k;
   p.num_groups = num_groups;
   p.group_size = g_idx != nullptr ? 1 : group_size;
+  p.stages_per_split = stages_per_split;
+  p.c_tmp = c_tmp;
+  p.locks = locks;
   return w4a16::launch_gemm<T>(p, stream);
 }
 

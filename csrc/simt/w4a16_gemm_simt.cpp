@@ -15,6 +15,10 @@
 namespace w4k {
 namespace {
 
+// Split-K as if on a GPU with room for 8 blocks, so that the small test shapes run 2..8 splits
+// through the workspace locks.
+constexpr int64_t kSimtTargetBlocks = 8;
+
 template <typename T, typename AtT>
 cudaError_t launch_typed(const W4a16LaunchTensors& t, const at::Tensor& b_scales,
                          const std::optional<at::Tensor>& b_zeros,
@@ -29,7 +33,8 @@ cudaError_t launch_typed(const W4a16LaunchTensors& t, const at::Tensor& b_scales
       args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
       args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()),
-      size_m, size_n, size_k, args.num_groups, args.group_size, simt_binding::kNoStream);
+      size_m, size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
+      t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, simt_binding::kNoStream);
 }
 
 at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
@@ -39,12 +44,12 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
                            int64_t num_bits, int64_t size_m, int64_t size_n, int64_t size_k,
                            bool is_k_full, const std::optional<at::Tensor>& b_bias,
                            bool use_fp32_reduce) {
-  (void)use_fp32_reduce;  // no split-K: partial sums are always added in fp32
+  (void)use_fp32_reduce;  // split-K partial sums are always added in fp32
   const W4a16GemmArgs args =
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
-  const W4a16LaunchTensors t =
-      w4a16_prepare(a, b_q_weight, g_idx, perm, args, size_m, size_n, size_k);
+  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, g_idx, perm, workspace, args,
+                                             size_m, size_n, size_k, kSimtTargetBlocks);
   if (size_m == 0) return t.out;
   simt_binding::run_simt("w4a16_gemm", [&] {
     if (a.scalar_type() == at::kHalf) {
