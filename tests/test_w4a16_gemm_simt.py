@@ -6,7 +6,8 @@ numerical parametrization on 'simt' too).
   of tests/test_w4a16_gemm.py (``check_against_reference``): several 64-column blocks (N = 128,
   256), several 64-row block rows (M = 65, 128, 130), M tile heights 16/32/48/64, K that is not a
   multiple of the 64-row pipeline stage (partial last stage), groups that are not a multiple of
-  the 16-row k-tile (per-row scales inside a tile), a with a row stride.
+  the 16-row k-tile (per-row scales inside a tile), a with a row stride, split-K through the
+  workspace locks.
 * Layout: the golden vectors through the kernel with a = I (exact decoded weights).
 * Argument checks: the emulator binding reports exactly the CPU backend's messages.
 """
@@ -105,6 +106,19 @@ def test_weights_are_rounded_to_half_once(dtype):
     expected = (size_k * (7.0 * s.double()).to(dtype).double()).to(dtype)
     assert not torch.equal(expected, (size_k * 7.0 * s.double()).to(dtype))
     assert golden.same_bits(call(b, case), expected)
+
+
+@pytest.mark.parametrize("m,size_n", [(1, 64), (3, 128), (40, 64)])
+def test_split_k_reuses_the_workspace(m, size_n):
+    """Split-K (the emulator binding aims at 8 blocks, so these grids of 1-2 tiles split the
+    16 stages of K = 1024 into up to 8 slices): correct, the workspace locks are zero again
+    afterwards, and a second call with the same workspace gives the same bits (the splits add
+    up in a fixed order)."""
+    b = simt()
+    case = make_case(m, 1024, size_n, 128, torch.bfloat16, "k_full", zp=True, bias=True, seed=m)
+    check_against_reference(b, case)
+    assert int(case["workspace"].abs().sum()) == 0
+    assert golden.same_bits(call(b, case), call(b, case))
 
 
 def test_empty_m_returns_empty():
