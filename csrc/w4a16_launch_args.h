@@ -15,6 +15,7 @@ namespace w4k {
 struct W4a16LaunchTensors {
   at::Tensor a;           // rows 16-byte aligned (cp.async): row stride % 8 == 0
   at::Tensor b_q_weight;  // 16-byte aligned
+  at::Tensor b_scales;    // 16-byte aligned (a lane loads its 8 scales of a group at once)
   at::Tensor g_idx, perm; // undefined without act-order; g_idx 16-byte aligned
   at::Tensor a_perm;      // [M, K] scratch for a[:, perm] (act-order)
   at::Tensor out;         // [M, N]
@@ -29,6 +30,7 @@ inline at::Tensor w4a16_aligned16(const at::Tensor& t) {
 
 // target_blocks: about how many blocks the launch should have (split-K fills up to it).
 inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b_q_weight,
+                                        const at::Tensor& b_scales,
                                         const std::optional<at::Tensor>& g_idx,
                                         const std::optional<at::Tensor>& perm,
                                         at::Tensor& workspace, const W4a16GemmArgs& args,
@@ -40,6 +42,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;
   t.a = a_ok ? a : a.contiguous().clone();
   t.b_q_weight = w4a16_aligned16(b_q_weight);
+  t.b_scales = w4a16_aligned16(b_scales);
   if (args.has_act_order) {
     t.g_idx = w4a16_aligned16(*g_idx);
     t.perm = *perm;

@@ -91,6 +91,24 @@ def test_a_with_row_stride(row_stride, offset):
     check_against_reference(b, case)
 
 
+@pytest.mark.parametrize("group_size", [-1, 64])
+def test_unaligned_views(group_size):
+    """b_q_weight, b_scales and g_idx as views that are not 16-byte aligned (the kernel loads
+    them 16 bytes at a time; the binding copies such views first)."""
+    b = simt()
+    case = make_case(5, 256, 128, group_size, torch.float16, "k_full", zp=True, seed=4)
+
+    def shifted(t):
+        flat = torch.cat([torch.zeros(1, dtype=t.dtype), t.flatten()])
+        view = flat[1:].view(t.shape)
+        assert view.data_ptr() % 16 != 0
+        return view
+
+    for name in ("b_q_weight", "b_scales", "g_idx"):
+        case[name] = shifted(case[name])
+    check_against_reference(b, case)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_weights_are_rounded_to_half_once(dtype):
     """Regression (as for the CPU kernel): w = T((q - 8) * s) before the fp32 accumulation.

@@ -136,7 +136,7 @@ struct GemmParams {
   const void* a;                 // [M, K] in T, row stride lda elements (lda % 8 == 0)
   int64_t lda;
   const uint32_t* b_q_weight;    // [K/16, 2N] Marlin
-  const uint16_t* b_scales;      // [G, N] in T (bit patterns), Marlin-permuted
+  const uint16_t* b_scales;      // [G, N] in T (bit patterns), Marlin-permuted, 16-byte aligned
   const uint32_t* b_zeros;       // [G, N/8] Marlin zero points, or nullptr (z = 8)
   const int32_t* g_idx;          // [K] sorted group of each row, or nullptr (r / group_size)
   const void* b_bias;            // [N] in T, or nullptr
@@ -209,13 +209,30 @@ struct LaneScales {
         z_lo = p.b_zeros[g_lo * (p.size_n / 8) + n_blk * 8 + col_lane];
         z_hi = p.b_zeros[g_hi * (p.size_n / 8) + n_blk * 8 + col_lane];
       }
+      if (!single) {
+        // G > 1: the lane's 8 scales are 16 contiguous bytes of each group row; prmt pairs
+        // halfword e of the row-2t group with halfword e of the row-2t+1 group.
+        const int64_t col = n_blk * kTileN + 8 * col_lane;
+        const int4 s_lo = *reinterpret_cast<const int4*>(p.b_scales + g_lo * p.size_n + col);
+        const int4 s_hi = *reinterpret_cast<const int4*>(p.b_scales + g_hi * p.size_n + col);
+        const uint32_t lo[4] = {uint32_t(s_lo.x), uint32_t(s_lo.y), uint32_t(s_lo.z),
+                                uint32_t(s_lo.w)};
+        const uint32_t hi[4] = {uint32_t(s_hi.x), uint32_t(s_hi.y), uint32_t(s_hi.z),
+                                uint32_t(s_hi.w)};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          scale[e][rp] = ptx::prmt(lo[e / 2], hi[e / 2], e % 2 ? 0x7632u : 0x5410u);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int64_t col =
+              n_blk * kTileN + 32 * (e / 4) + 8 * (col_lane / 2) + 2 * (e % 4) + col_lane % 2;
+          scale[e][rp] = uint32_t(p.b_scales[col]) | uint32_t(p.b_scales[col]) << 16;
+        }
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const int pos = single ? 32 * (e / 4) + 8 * (col_lane / 2) + 2 * (e % 4) + col_lane % 2
-                               : 8 * col_lane + e;
-        const int64_t col = n_blk * kTileN + pos;
-        scale[e][rp] = uint32_t(p.b_scales[g_lo * p.size_n + col]) |
-                       uint32_t(p.b_scales[g_hi * p.size_n + col]) << 16;
         uint32_t zl = 8, zh = 8;
         if (p.b_zeros != nullptr) {
           const int shift = 4 * (e / 2 + 4 * (e % 2));
@@ -300,11 +317,17 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
     const int r_lane = 2 * (lane % 4);
     const int r_local[4] = {r_lane, r_lane + 1, r_lane + 8, r_lane + 9};
     const int row0 = static_cast<int>(kt * 16);  // K < 2^31
+    if (p.g_idx != nullptr) {
+      const int32_t* g_idx_sh = reinterpret_cast<const int32_t*>(st + L::kGidxOffset);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      g4[i] = p.g_idx != nullptr
-                  ? reinterpret_cast<const int32_t*>(st + L::kGidxOffset)[16 * warp + r_local[i]]
-                  : (row0 + r_local[i]) / group_size;
+      for (int i = 0; i < 4; ++i) g4[i] = g_idx_sh[16 * warp + r_local[i]];
+    } else if (group_size % 16 == 0) {
+      const int g = row0 / group_size;  // the whole k-tile is in one group
+#pragma unroll
+      for (int i = 0; i < 4; ++i) g4[i] = g;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) g4[i] = (row0 + r_local[i]) / group_size;
     }
     if (g4[0] != scales.group[0] || g4[1] != scales.group[1] || g4[2] != scales.group[2] ||
         g4[3] != scales.group[3]) {
@@ -490,10 +513,10 @@ inline int64_t w4a16_gemm_stages_per_split(int64_t size_m, int64_t size_n, int64
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
 // and ops.w4a16_gemm. T = half or __nv_bfloat16 for a, b_scales, b_bias and out.
-// Preconditions (checked by the bindings): K % 16 == 0, N % 64 == 0, M >= 1; a, b_q_weight and
-// g_idx 16-byte aligned, lda % 8 == 0; perm and g_idx both given or both nullptr, g_idx sorted
-// with values in [0, G); a_perm_tmp: M * K elements of T when perm is given (else unused);
-// group_size = K / G when g_idx is nullptr.
+// Preconditions (checked by the bindings): K % 16 == 0, N % 64 == 0, M >= 1; a, b_q_weight,
+// b_scales and g_idx 16-byte aligned, lda % 8 == 0; perm and g_idx both given or both nullptr,
+// g_idx sorted with values in [0, G); a_perm_tmp: M * K elements of T when perm is given (else
+// unused); group_size = K / G when g_idx is nullptr.
 // Split-K: stages_per_split from w4a16_gemm_stages_per_split (>= the stage count: no split);
 // with a split, c_tmp is M * N floats of scratch and locks N / 64 * 16 zeroed ints (the op's
 // workspace; left zeroed).

@@ -20,14 +20,15 @@ namespace {
 constexpr int64_t kSimtTargetBlocks = 8;
 
 template <typename T, typename AtT>
-cudaError_t launch_typed(const W4a16LaunchTensors& t, const at::Tensor& b_scales,
-                         const std::optional<at::Tensor>& b_zeros,
+cudaError_t launch_typed(const W4a16LaunchTensors& t, const std::optional<at::Tensor>& b_zeros,
                          const std::optional<at::Tensor>& b_bias, const W4a16GemmArgs& args,
                          int64_t size_m, int64_t size_n, int64_t size_k) {
-  const auto ptr = [](const at::Tensor& x) { return reinterpret_cast<const T*>(x.data_ptr<AtT>()); };
+  const auto ptr = [](const at::Tensor& x) {
+    return reinterpret_cast<const T*>(x.data_ptr<AtT>());
+  };
   return launch_w4a16_gemm<T>(
       ptr(t.a), t.a.stride(0), reinterpret_cast<const uint32_t*>(t.b_q_weight.data_ptr<int32_t>()),
-      ptr(b_scales),
+      ptr(t.b_scales),
       args.has_zp ? reinterpret_cast<const uint32_t*>(b_zeros->data_ptr<int32_t>()) : nullptr,
       args.has_act_order ? t.g_idx.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
@@ -48,15 +49,15 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
   const W4a16GemmArgs args =
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
-  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, g_idx, perm, workspace, args,
-                                             size_m, size_n, size_k, kSimtTargetBlocks);
+  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace,
+                                             args, size_m, size_n, size_k, kSimtTargetBlocks);
   if (size_m == 0) return t.out;
   simt_binding::run_simt("w4a16_gemm", [&] {
     if (a.scalar_type() == at::kHalf) {
-      return launch_typed<half, at::Half>(t, b_scales, b_zeros, b_bias, args, size_m, size_n,
+      return launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n,
                                           size_k);
     }
-    return launch_typed<__nv_bfloat16, at::BFloat16>(t, b_scales, b_zeros, b_bias, args, size_m,
+    return launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
                                                      size_n, size_k);
   });
   return t.out;
