@@ -10,8 +10,11 @@ differs per build:
 * ``bug_shared_memory_overflow``: ASan must report a heap-buffer-overflow in the kernel (the
   plain build cannot see it and skips it).
 
-Also: the ucontext fallback build runs the block/warp cases, nvcc compiles every wrapper for
-sm_80 and sm_90 (when nvcc is present), and no C/C++ source outside ptx.cuh contains asm.
+Also: a third build with -DW4K_SIMT_UCONTEXT (the portable fiber switch) runs the scheduling
+cases; every correct case passes again with the threads of each block run in reverse and in
+shuffled order; inter-block locks complete with a single run slot; nvcc compiles every wrapper
+for sm_80 and sm_90 (when nvcc is present); and nothing in csrc/simt or csrc/kernels but
+ptx.cuh contains inline asm.
 """
 
 import concurrent.futures
@@ -33,12 +36,14 @@ NVCC = shutil.which("nvcc") or (
 
 # -g1 (line tables) keeps sanitizer reports symbolized at a fraction of -g's compile time; the
 # ASan+UBSan build is -O0: it compiles 3x faster than -O1 under UBSan and sees every access.
-COMMON = ["-std=c++20", "-g1", "-Wall", "-Wno-sign-compare", "-fno-strict-aliasing",
-          "-DW4K_SIMT=1", "-I" + CSRC, "-pthread"]
+COMMON = ["-std=c++20", "-g1", "-Wall", "-Wextra", "-Werror", "-Wno-sign-compare",
+          "-fno-strict-aliasing", "-DW4K_SIMT=1", "-I" + CSRC, "-pthread"]
 BUILDS = {
     "plain": ["-O1"],
     "asan": ["-O0", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],
 }
+# the ucontext build only runs scheduling cases (test_ucontext_fallback)
+UCONTEXT_SOURCES = [os.path.join(TEST_DIR, n) for n in ("main.cpp", "test_block.cpp")]
 ASAN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:halt_on_error=1",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
@@ -56,13 +61,13 @@ def _case_names():
 CASES = _case_names()
 
 
-def _build(outdir, name, flags):
+def _build(outdir, name, flags, sources):
     """One binary per build. The test sources are compiled as one translation unit (a generated
     file that #includes them): the emulator's inline code is then compiled once, not per file,
     which halves the build time."""
     unity = os.path.join(outdir, f"{name}_all.cpp")
     with open(unity, "w") as f:
-        f.writelines(f'#include "{src}"\n' for src in SOURCES)
+        f.writelines(f'#include "{src}"\n' for src in sources)
     exe = os.path.join(outdir, f"simt_selftest_{name}")
     # the ucontext fallback needs no .S
     extra = [] if "-DW4K_SIMT_UCONTEXT" in flags else [SWITCH_S]
@@ -74,10 +79,11 @@ def _build(outdir, name, flags):
 
 
 def _build_all(outdir):
-    variants = dict(BUILDS, ucontext=["-O1", "-DW4K_SIMT_UCONTEXT"])
+    variants = {name: (flags, SOURCES) for name, flags in BUILDS.items()}
+    variants["ucontext"] = (["-O1", "-DW4K_SIMT_UCONTEXT"], UCONTEXT_SOURCES)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # 2 cores
-        futures = {name: pool.submit(_build, outdir, name, flags)
-                   for name, flags in variants.items()}
+        futures = {name: pool.submit(_build, outdir, name, flags, sources)
+                   for name, (flags, sources) in variants.items()}
         return {name: f.result() for name, f in futures.items()}
 
 
@@ -126,6 +132,7 @@ def test_selftest_case(binaries, build, case):
 @pytest.mark.parametrize("case", ["thread_block_indices_3d",
                                   "static_shared_private_per_block_with_grid_barrier",
                                   "inter_block_lock_reverse_order_needs_concurrency",
+                                  "inter_block_lock_spin_with_warp_vote_or_barriers",
                                   "cp_async_commit_wait_group_semantics",
                                   "kernel_exception_propagates_to_launcher",
                                   "fiber_stacks_hold_large_locals"])
@@ -139,8 +146,21 @@ def test_single_worker_still_runs_inter_block_locks(binaries):
     # slot away to the blocks they wait for.
     env = dict(os.environ, W4K_SIMT_WORKERS="1")
     r = subprocess.run([binaries["plain"], "inter_block_lock_reverse_order_needs_concurrency",
-                        "static_shared_private_per_block_with_grid_barrier"],
+                        "static_shared_private_per_block_with_grid_barrier",
+                        "inter_block_lock_spin_with_warp_vote_or_barriers"],
                        capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("schedule", ["reverse", "shuffle"])
+def test_correct_cases_pass_under_every_thread_order(binaries, schedule):
+    # Correct kernels must not depend on the order the emulator runs threads in (the fault cases
+    # are excluded: they are still caught, but which lane is named first depends on the order).
+    cases = [c for c in CASES
+             if not c.startswith("bug_") and c != "schedule_orders_expose_missing_syncthreads"]
+    env = dict(os.environ, W4K_SIMT_SCHEDULE=schedule, W4K_SIMT_SEED="11")
+    r = subprocess.run([binaries["plain"], *cases], capture_output=True, text=True, timeout=300,
+                       env=env)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -169,13 +189,16 @@ def test_nvcc_compiles_every_wrapper(tmp_path, arch):
 
 
 def test_no_inline_asm_outside_ptx_header():
+    # Scoped to the emulator and the kernel sources (the files this suite is about); CI greps
+    # the whole of csrc/ for the same rule.
     offenders = []
-    for path in glob.glob(os.path.join(CSRC, "**", "*"), recursive=True):
-        if not path.endswith((".h", ".cuh", ".cpp", ".cu", ".cc")):
-            continue
-        if os.path.relpath(path, CSRC) == os.path.join("kernels", "ptx.cuh"):
-            continue
-        with open(path, errors="replace") as f:
-            if re.search(r"\basm\s*(volatile\s*)?\(|__asm__", f.read()):
-                offenders.append(os.path.relpath(path, ROOT))
+    for sub in ("simt", "kernels"):
+        for path in glob.glob(os.path.join(CSRC, sub, "**", "*"), recursive=True):
+            if not path.endswith((".h", ".cuh", ".cpp", ".cu", ".cc")):
+                continue
+            if os.path.relpath(path, CSRC) == os.path.join("kernels", "ptx.cuh"):
+                continue
+            with open(path, errors="replace") as f:
+                if re.search(r"\basm\s*(volatile\s*)?\(|__asm__", f.read()):
+                    offenders.append(os.path.relpath(path, ROOT))
     assert not offenders, f"inline asm outside csrc/kernels/ptx.cuh: {offenders}"

@@ -37,10 +37,22 @@ inline void shfl_compute(Block& blk, int warp, Rendezvous& r) {
     int j = lane;
     bool valid = false;
     switch (mode) {
-      case ShflMode::Up: j = lane - b; valid = j >= max_lane; break;
-      case ShflMode::Down: j = lane + b; valid = j <= max_lane; break;
-      case ShflMode::Bfly: j = lane ^ b; valid = j <= max_lane; break;
-      case ShflMode::Idx: j = min_lane | (b & ~segmask); valid = j <= max_lane; break;
+      case ShflMode::Up:
+        j = lane - b;
+        valid = j >= max_lane;
+        break;
+      case ShflMode::Down:
+        j = lane + b;
+        valid = j <= max_lane;
+        break;
+      case ShflMode::Bfly:
+        j = lane ^ b;
+        valid = j <= max_lane;
+        break;
+      case ShflMode::Idx:
+        j = min_lane | (b & ~segmask);
+        valid = j <= max_lane;
+        break;
     }
     if (!valid) j = lane;
     if (!(r.mask & (1u << j)))

@@ -21,15 +21,15 @@ struct dim3 {
 
 // Vector types with CUDA's sizes and alignments (int4/uint4/float4 are 16-byte aligned, which
 // 16-byte shared/global copies rely on).
-#define W4K_SIMT_VEC2(T, name, al)                                     \
-  struct alignas(al) name {                                            \
-    T x, y;                                                            \
-  };                                                                   \
+#define W4K_SIMT_VEC2(T, name, al) \
+  struct alignas(al) name {        \
+    T x, y;                        \
+  };                               \
   inline name make_##name(T x, T y) { return name{x, y}; }
-#define W4K_SIMT_VEC4(T, name, al)                                     \
-  struct alignas(al) name {                                            \
-    T x, y, z, w;                                                      \
-  };                                                                   \
+#define W4K_SIMT_VEC4(T, name, al) \
+  struct alignas(al) name {        \
+    T x, y, z, w;                  \
+  };                               \
   inline name make_##name(T x, T y, T z, T w) { return name{x, y, z, w}; }
 W4K_SIMT_VEC2(int, int2, 8)
 W4K_SIMT_VEC2(unsigned, uint2, 8)
@@ -65,8 +65,12 @@ enum cudaDeviceAttr {
   cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
-                      cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
 
 // ---- fp16 / bf16 (cuda_fp16.h / cuda_bf16.h names) ----
 using ::simt::__half;
@@ -136,21 +140,21 @@ inline __nv_bfloat162 __highs2bfloat162(__nv_bfloat162 a, __nv_bfloat162 b) {
 }
 
 // Arithmetic: one correctly rounded operation per element (see simt/half.h).
-#define W4K_SIMT_HALF_OPS(S, P)                                                              \
-  inline S __hadd(S a, S b) { return simt::op_add(a, b); }                                   \
-  inline S __hsub(S a, S b) { return simt::op_sub(a, b); }                                   \
-  inline S __hmul(S a, S b) { return simt::op_mul(a, b); }                                   \
-  inline S __hfma(S a, S b, S c) { return simt::op_fma(a, b, c); }                           \
-  inline S __hneg(S a) { return simt::op_neg(a); }                                           \
-  inline P __hadd2(P a, P b) { return P{simt::op_add(a.x, b.x), simt::op_add(a.y, b.y)}; }   \
-  inline P __hsub2(P a, P b) { return P{simt::op_sub(a.x, b.x), simt::op_sub(a.y, b.y)}; }   \
-  inline P __hmul2(P a, P b) { return P{simt::op_mul(a.x, b.x), simt::op_mul(a.y, b.y)}; }   \
-  inline P __hfma2(P a, P b, P c) {                                                          \
-    return P{simt::op_fma(a.x, b.x, c.x), simt::op_fma(a.y, b.y, c.y)};                      \
-  }                                                                                          \
-  inline P __hneg2(P a) { return P{simt::op_neg(a.x), simt::op_neg(a.y)}; }                  \
-  inline P operator+(P a, P b) { return __hadd2(a, b); }                                     \
-  inline P operator-(P a, P b) { return __hsub2(a, b); }                                     \
+#define W4K_SIMT_HALF_OPS(S, P)                                                            \
+  inline S __hadd(S a, S b) { return simt::op_add(a, b); }                                 \
+  inline S __hsub(S a, S b) { return simt::op_sub(a, b); }                                 \
+  inline S __hmul(S a, S b) { return simt::op_mul(a, b); }                                 \
+  inline S __hfma(S a, S b, S c) { return simt::op_fma(a, b, c); }                         \
+  inline S __hneg(S a) { return simt::op_neg(a); }                                         \
+  inline P __hadd2(P a, P b) { return P{simt::op_add(a.x, b.x), simt::op_add(a.y, b.y)}; } \
+  inline P __hsub2(P a, P b) { return P{simt::op_sub(a.x, b.x), simt::op_sub(a.y, b.y)}; } \
+  inline P __hmul2(P a, P b) { return P{simt::op_mul(a.x, b.x), simt::op_mul(a.y, b.y)}; } \
+  inline P __hfma2(P a, P b, P c) {                                                        \
+    return P{simt::op_fma(a.x, b.x, c.x), simt::op_fma(a.y, b.y, c.y)};                    \
+  }                                                                                        \
+  inline P __hneg2(P a) { return P{simt::op_neg(a.x), simt::op_neg(a.y)}; }                \
+  inline P operator+(P a, P b) { return __hadd2(a, b); }                                   \
+  inline P operator-(P a, P b) { return __hsub2(a, b); }                                   \
   inline P operator*(P a, P b) { return __hmul2(a, b); }
 W4K_SIMT_HALF_OPS(__half, __half2)
 W4K_SIMT_HALF_OPS(__nv_bfloat16, __nv_bfloat162)

@@ -150,7 +150,9 @@ inline T from_bits(uint16_t b) {
 template <class T>
 inline T round_to(double x);
 template <>
-inline __half round_to<__half>(double x) { return make_half_bits(double_to_half_bits(x)); }
+inline __half round_to<__half>(double x) {
+  return make_half_bits(double_to_half_bits(x));
+}
 template <>
 inline __nv_bfloat16 round_to<__nv_bfloat16>(double x) {
   return make_bf16_bits(double_to_bf16_bits(x));
@@ -158,11 +160,17 @@ inline __nv_bfloat16 round_to<__nv_bfloat16>(double x) {
 
 // One correctly rounded operation each (products exact in double, sums rounded to odd first).
 template <class T>
-inline T op_add(T a, T b) { return round_to<T>(add_round_to_odd(to_double(a), to_double(b))); }
+inline T op_add(T a, T b) {
+  return round_to<T>(add_round_to_odd(to_double(a), to_double(b)));
+}
 template <class T>
-inline T op_sub(T a, T b) { return round_to<T>(add_round_to_odd(to_double(a), -to_double(b))); }
+inline T op_sub(T a, T b) {
+  return round_to<T>(add_round_to_odd(to_double(a), -to_double(b)));
+}
 template <class T>
-inline T op_mul(T a, T b) { return round_to<T>(to_double(a) * to_double(b)); }
+inline T op_mul(T a, T b) {
+  return round_to<T>(to_double(a) * to_double(b));
+}
 template <class T>
 inline T op_fma(T a, T b, T c) {
   return round_to<T>(add_round_to_odd(to_double(a) * to_double(b), to_double(c)));

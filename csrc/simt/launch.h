@@ -21,6 +21,16 @@ inline int num_workers() {
   return std::max(1, n);
 }
 
+// W4K_SIMT_SCHEDULE=forward (default) | reverse | shuffle: thread order within a block.
+inline int schedule_from_env() {
+  const char* v = std::getenv("W4K_SIMT_SCHEDULE");
+  if (!v || !*v || std::strcmp(v, "forward") == 0) return 0;
+  if (std::strcmp(v, "reverse") == 0) return 1;
+  if (std::strcmp(v, "shuffle") == 0) return 2;
+  throw std::invalid_argument(std::string("W4K_SIMT_SCHEDULE must be forward, reverse or ") +
+                              "shuffle, got '" + v + "'");
+}
+
 struct FuncAttributes {
   std::mutex mu;
   std::map<const void*, int> max_dynamic_smem;
@@ -68,7 +78,7 @@ inline void run_block(Launch& L, int64_t linear, bool& holds_permit) {
     throw std::runtime_error("simt: cannot allocate " + std::to_string(L.smem_bytes) +
                              " bytes of dynamic shared memory");
   b.smem = static_cast<unsigned char*>(p);
-  std::memset(b.smem, 0xFF, L.smem_bytes);
+  std::memset(b.smem, kPoisonByte, L.smem_bytes);
   const int nwarps = (b.nthreads + 31) / 32;
   b.warps.resize(size_t(nwarps));
   for (int w = 0; w < nwarps; ++w) {
@@ -110,7 +120,7 @@ inline void block_thread(Launch* L, int64_t linear) {
     L->fail(std::current_exception());
   }
   std::lock_guard<std::mutex> lock(L->mu);
-  if (holds_permit) ++L->permits;
+  if (holds_permit) L->release_permit_locked();
   --L->alive;
   L->cv.notify_all();
 }
@@ -131,7 +141,7 @@ inline void run_grid(Launch& L) {
       {
         std::lock_guard<std::mutex> lock(L.mu);
         --L.alive;
-        ++L.permits;
+        L.release_permit_locked();
       }
       L.fail(std::current_exception());
       break;
@@ -160,8 +170,7 @@ inline bool valid_config(dim3 grid, dim3 block, size_t smem, const void* fn) {
 // kernel<<<grid, block, smem>>>(args...), synchronously. Each CUDA thread calls the kernel with
 // its own copy of the arguments, converted to the kernel's parameter types like a real launch.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
-            A&&... args) {
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong argument count");
   if (!valid_config(grid, block, smem, reinterpret_cast<const void*>(kernel))) return;
   std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
@@ -172,6 +181,8 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   L.smem_bytes = smem;
   L.nblocks = int64_t(grid.x) * grid.y * grid.z;
   L.spin_timeout_s = env_int("W4K_SIMT_SPIN_TIMEOUT_S", 30);
+  L.schedule = schedule_from_env();
+  L.seed = env_int("W4K_SIMT_SEED", 0);
   run_grid(L);
 }
 
@@ -186,10 +197,14 @@ inline cudaError_t cudaGetLastError() {
 inline cudaError_t cudaPeekAtLastError() { return simt::tl_last_error; }
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    default: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    default:
+      return "unspecified launch failure";
   }
 }
 template <class F>
@@ -208,13 +223,26 @@ inline cudaError_t cudaGetDevice(int* dev) {
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device*/) {
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
-    case cudaDevAttrMultiProcessorCount: *value = simt::num_sms(); break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 8; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = simt::max_smem_optin(); break;
-    default: return simt::tl_last_error = cudaErrorInvalidValue;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 48 * 1024;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = simt::num_sms();
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 8;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = simt::max_smem_optin();
+      break;
+    default:
+      return simt::tl_last_error = cudaErrorInvalidValue;
   }
   return cudaSuccess;
 }

@@ -2,15 +2,12 @@
 // acquire/release accesses and atomics on host std::atomic-equivalent builtins.
 #pragma once
 
+#include <atomic>
 #include <cstring>
 
 #include "simt/runtime.h"
 
 namespace simt {
-
-// Shared memory bytes written by cp.async before the data has landed (and by the block start
-// fill): 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
-constexpr unsigned char kPoisonByte = 0xFF;
 
 // cp.async.{ca,cg}.shared.global [dst], [src], size[, src_size]. The source is read at issue
 // (so an out-of-bounds source is reported at the faulting instruction); the destination is
@@ -50,36 +47,52 @@ inline void cp_async_commit() {
 inline void cp_async_wait(int n) {
   Fiber& f = current();
   while (int(f.cp_groups.size()) > n) {
-    for (AsyncCopy& c : f.cp_groups.front()) land(c);
+    std::vector<AsyncCopy> group = std::move(f.cp_groups.front());
     f.cp_groups.erase(f.cp_groups.begin());
+    const AsyncCopy* raced = nullptr;
+    for (AsyncCopy& c : group)  // land all of them first: nothing stays ASan-poisoned
+      if (!land(c) && !raced) raced = &c;
+    if (raced) {
+      const AsyncCopy& c = *raced;
+      fail_here("cp.async.wait_group: the " + std::to_string(c.size) + "-byte destination " +
+                ptr_str(c.dst) +
+                " was written while its cp.async was in flight (race with "
+                "the asynchronous copy)");
+    }
   }
 }
 
 // ---- acquire / release / atomics ----
-// Loads with acquire semantics and all atomics yield the fiber first: this is what lets a thread
-// spinning on a flag (split-K locks) give way to the thread or block that will set it.
+// GPU-scope memory operations map to std::atomic_ref on the host (blocks run on different OS
+// threads). Loads with acquire semantics and all atomics yield the fiber first: this is what
+// lets a thread spinning on a flag (split-K locks) give way to the thread or block that will
+// set it.
 __attribute__((noinline)) inline int ld_acquire(const int* p) {
   const void* site = __builtin_return_address(0);
   spin_yield(site);
-  int v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  const int v = std::atomic_ref<int>(*const_cast<int*>(p)).load(std::memory_order_acquire);
   spin_observe(site, uint32_t(v));
   return v;
 }
 
 // Release operations need no yield: nothing waits on the releasing thread itself.
-inline void red_release_add(int* p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
-inline void st_release(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline void red_release_add(int* p, int v) {
+  std::atomic_ref<int>(*p).fetch_add(v, std::memory_order_release);
+}
+inline void st_release(int* p, int v) {
+  std::atomic_ref<int>(*p).store(v, std::memory_order_release);
+}
 
+// atomicAdd & co: old = *p; *p = op(old) atomically (sequentially consistent); returns old.
 template <class T, class Op>
 inline T atomic_rmw(T* p, Op op, const void* site) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32/64-bit atomics");
   spin_yield(site);
-  T old, desired;
-  __atomic_load(p, &old, __ATOMIC_RELAXED);
-  do {
-    desired = op(old);
-  } while (!__atomic_compare_exchange(p, &old, &desired, true, __ATOMIC_SEQ_CST,
-                                      __ATOMIC_RELAXED));
+  std::atomic_ref<T> ref(*p);
+  T old = ref.load(std::memory_order_relaxed);
+  while (!ref.compare_exchange_weak(old, op(old), std::memory_order_seq_cst,
+                                    std::memory_order_relaxed)) {
+  }
   uint64_t bits = 0;
   std::memcpy(&bits, &old, sizeof(T));
   spin_observe(site, bits);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,10 @@ inline int env_int(const char* name, int dflt) {
 
 struct Block;
 struct Launch;
+
+// Shared memory bytes written by cp.async before the data has landed and by the block-start
+// fill of dynamic shared memory: 0xFF makes every fp16/bf16/fp32 lane a NaN and every integer -1.
+constexpr unsigned char kPoisonByte = 0xFF;
 
 // A cp.async in flight: the source bytes are captured at issue, they land at wait_group.
 struct AsyncCopy {
@@ -80,6 +85,8 @@ struct Barrier {
   const void* site = nullptr;  // __syncthreads: call site of the first arrival
   bool syncthreads = false;
   std::vector<int> waiters;
+  int pred_count = 0;  // __syncthreads_count/and/or: nonzero predicates of this round
+  int last_count = 0;  // ... of the round that completed last (read by the released threads)
 };
 
 // A warp collective being assembled: lanes in `mask` arrive one by one at the same call site;
@@ -157,31 +164,64 @@ struct Launch {
   size_t smem_bytes = 0;
   int64_t nblocks = 0;
   std::mutex mu;
-  std::condition_variable cv;
-  int permits = 1;
+  std::condition_variable cv;  // alive changes
   int alive = 0;
   std::atomic<bool> abort{false};
   std::exception_ptr error;
   double spin_timeout_s = 30;
+  int schedule = 0;  // 0 forward, 1 reverse, 2 shuffled (see Block::run)
+  int seed = 0;
 
+  // Run slots, handed over first come first served: a spinning block that gives its slot away
+  // must not grab it back before the blocks (or the dispatcher) already waiting for one.
+  int permits = 1;
+  struct Waiter {
+    std::condition_variable cv;
+    bool granted = false;
+  };
+  std::deque<Waiter*> waiters;
+
+  void release_permit_locked() {
+    if (waiters.empty()) {
+      ++permits;
+      return;
+    }
+    Waiter* w = waiters.front();
+    waiters.pop_front();
+    w->granted = true;
+    w->cv.notify_one();
+  }
+  void release_permit() {
+    std::lock_guard<std::mutex> lock(mu);
+    release_permit_locked();
+  }
+  // false if the launch was aborted (no permit held then)
+  bool acquire_permit() {
+    std::unique_lock<std::mutex> lock(mu);
+    if (abort) return false;
+    if (permits > 0 && waiters.empty()) {
+      --permits;
+      return true;
+    }
+    Waiter me;
+    waiters.push_back(&me);
+    me.cv.wait(lock, [&] { return me.granted || abort.load(); });
+    if (!me.granted) {
+      waiters.erase(std::find(waiters.begin(), waiters.end(), &me));
+      return false;
+    }
+    if (abort) {
+      release_permit_locked();
+      return false;
+    }
+    return true;
+  }
   void fail(std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu);
     if (!error) error = e;
     abort = true;
+    for (Waiter* w : waiters) w->cv.notify_one();
     cv.notify_all();
-  }
-  void release_permit() {
-    std::lock_guard<std::mutex> lock(mu);
-    ++permits;
-    cv.notify_all();
-  }
-  // false if the launch was aborted meanwhile (no permit taken then)
-  bool acquire_permit() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return permits > 0 || abort.load(); });
-    if (abort) return false;
-    --permits;
-    return true;
   }
 };
 
@@ -293,15 +333,16 @@ inline void check_shared_address(const char* name, const void* p, size_t bytes) 
 // bar.sync id, count (count = all threads for __syncthreads). Every thread of the block must
 // reach the same __syncthreads call site; threads that have exited never arrive, which is an
 // error (not the hardware's "exited threads count as arrived"): it is undefined behaviour in CUDA.
-inline void barrier_arrive(int id, int count, const void* site, bool syncthreads) {
+// Returns how many arriving threads passed a nonzero `pred` (__syncthreads_count & co).
+inline int barrier_arrive(int id, int count, const void* site, bool syncthreads, int pred = 0) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
-  if (id < 0 || id >= 16) fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
+  if (id < 0 || id >= 16)
+    fail_here("bar.sync barrier id " + std::to_string(id) + " not in [0, 16)");
   if (count <= 0 || count > b.nthreads || (!syncthreads && count % 32 != 0))
     fail_here("bar.sync " + std::to_string(id) + " with thread count " + std::to_string(count) +
-              " (must be a multiple of 32 and at most the block's " +
-              std::to_string(b.nthreads) + " threads)");
+              " (must be a multiple of 32 and at most the block's " + std::to_string(b.nthreads) +
+              " threads)");
   Barrier& bar = b.bars[id];
   const char* what = syncthreads ? "__syncthreads" : "bar.sync";
   if (syncthreads && b.exited > 0)
@@ -322,11 +363,15 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
                 b.where_tid(bar.waiters.front()) + ", wait at call site " + site_str(bar.site));
   }
   ++bar.arrived;
+  bar.pred_count += pred != 0;
   if (bar.arrived == bar.expected) {
     for (int t : bar.waiters) b.fibers[t].state = FiberState::Ready;
     bar.waiters.clear();
     bar.arrived = 0;
-    return;
+    // The released threads read last_count before any of them can arrive here again.
+    bar.last_count = bar.pred_count;
+    bar.pred_count = 0;
+    return bar.last_count;
   }
   bar.waiters.push_back(f.tid);
   f.state = FiberState::Waiting;
@@ -334,6 +379,7 @@ inline void barrier_arrive(int id, int count, const void* site, bool syncthreads
   f.wait_site = site;
   f.wait_barrier = id;
   suspend(StopReason::Blocked);
+  return bar.last_count;
 }
 
 // ---- warp rendezvous ----
@@ -346,7 +392,6 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
                        const void* in, void* out) {
   Fiber& f = current();
   Block& b = *f.block;
-  f.spin_site = nullptr;
   WarpState& w = b.warps[f.warp];
   const uint32_t me = 1u << f.lane;
   if (!(mask & me))
@@ -365,12 +410,13 @@ inline void rendezvous(const char* name, CollectiveFn fn, uint32_t mask, const v
     std::string waiting = b.where_tid(f.warp * 32 + waiting_lane);
     if (p.mask != mask)
       fail_here("divergent " + std::string(name) + ": this lane uses member mask " + hex32(mask) +
-                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " +
-                p.name + " with member mask " + hex32(p.mask));
+                " while lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " with member mask " + hex32(p.mask));
     if (p.fn != fn || p.site != site)
-      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) +
-                ": lanes " + hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
-                " at call site " + site_str(p.site) + " (all lanes of the mask must execute the "
+      fail_here("divergent " + std::string(name) + " at call site " + site_str(site) + ": lanes " +
+                hex32(p.arrived) + " (first: " + waiting + ") wait in " + p.name +
+                " at call site " + site_str(p.site) +
+                " (all lanes of the mask must execute the "
                 "same instruction)");
     r = &p;
     break;
@@ -417,11 +463,18 @@ inline void fiber_main(void* arg) {
   std::abort();  // a finished fiber is never resumed
 }
 
-inline void land(AsyncCopy& c) {
+// Completes a cp.async. Returns false if the destination was overwritten while the copy was in
+// flight (it holds neither the poison written at issue nor the bytes being landed: a store
+// raced with the asynchronous copy).
+inline bool land(AsyncCopy& c) {
 #if W4K_SIMT_ASAN
   if (c.size == 16) __asan_unpoison_memory_region(c.dst, 16);
 #endif
+  bool intact = true;
+  const auto* now = static_cast<const unsigned char*>(c.dst);
+  for (int i = 0; i < c.size; ++i) intact &= now[i] == kPoisonByte || now[i] == c.data[i];
   std::memcpy(c.dst, c.data, size_t(c.size));
+  return intact;
 }
 
 inline void Block::on_exit(Fiber& f) {
@@ -498,49 +551,68 @@ extern "C" __attribute__((used, noinline)) inline void w4k_simt_dump() {
                tl_block->describe_threads(false, 1 << 30).c_str());
 }
 
+// A thread that re-read the same value this many times in a row at one site is spinning.
+constexpr int kLongSpin = 64;
+
 inline void Block::run() {
-  const int workers_spin_ms_max = 2;
+  const int max_backoff_us = 2000;
   auto stall_start = std::chrono::steady_clock::now();
   bool stalling = false;
   int backoff_us = 20;
+  // Thread order of each scheduling round (W4K_SIMT_SCHEDULE): forward, reverse, or a fresh
+  // random permutation per round. Race-free kernels give the same result under all three; a
+  // missing __syncthreads usually shows up as poison under at least one of them.
+  std::vector<int> order(size_t(nthreads), 0);
+  for (int t = 0; t < nthreads; ++t)
+    order[size_t(t)] = launch->schedule == 1 ? nthreads - 1 - t : t;
+  std::minstd_rand rng(uint32_t(launch->seed) * 7919u + block_idx.x * 31u + block_idx.y * 17u +
+                       block_idx.z);
   for (;;) {
-    bool any_ran = false, only_repeated_spins = true;
+    bool any_ran = false, only_repeated_spins = true, long_spin = false;
     int live = 0;
-    for (int t = 0; t < nthreads; ++t) {
+    if (launch->schedule == 2) std::shuffle(order.begin(), order.end(), rng);
+    for (int t : order) {
       Fiber& f = fibers[t];
       if (f.state == FiberState::Ready) {
         any_ran = true;
         run_one(f);
-        if (!(f.state == FiberState::Ready && f.stop == StopReason::SpinYield && f.spin_repeat))
-          only_repeated_spins = false;
+        const bool spun = f.state == FiberState::Ready && f.stop == StopReason::SpinYield;
+        if (!(spun && f.spin_repeat)) only_repeated_spins = false;
+        if (spun && f.spin_streak >= kLongSpin) long_spin = true;
         if (launch->abort) return;
       }
       if (f.state != FiberState::Done) ++live;
     }
     if (live == 0) return;
     if (!any_ran) deadlock();
-    if (!only_repeated_spins) {
+    if (!only_repeated_spins && !long_spin) {
       stalling = false;
       backoff_us = 20;
       continue;
     }
-    // Every runnable thread re-read an unchanged value: only another block can unblock us.
+    // Every runnable thread re-read an unchanged value (or one thread has been re-reading the
+    // same value for a long time, e.g. a spin loop with a warp vote in it): maybe only another
+    // block can unblock us.
     auto now = std::chrono::steady_clock::now();
     if (!stalling) {
       stalling = true;
       stall_start = now;
-    } else if (std::chrono::duration<double>(now - stall_start).count() >
-               launch->spin_timeout_s) {
+    } else if (std::chrono::duration<double>(now - stall_start).count() > launch->spin_timeout_s) {
       for (int t = 0; t < nthreads; ++t)
         if (fibers[t].state == FiberState::Ready)
-          fail_tid(t, "spin timeout: the threads of this block have re-read unchanged values "
-                      "(ld.acquire / atomics) for " +
-                          std::to_string(int(launch->spin_timeout_s)) +
-                          " s; no other block released them (inter-block deadlock?)");
+          fail_tid(t,
+                   "spin timeout: the threads of this block have re-read unchanged values "
+                   "(ld.acquire / atomics) for " +
+                       std::to_string(int(launch->spin_timeout_s)) +
+                       " s; no other block released them (inter-block deadlock?)");
     }
     launch->release_permit();
-    std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
-    backoff_us = std::min(backoff_us * 2, workers_spin_ms_max * 1000);
+    if (only_repeated_spins) {
+      std::this_thread::sleep_for(std::chrono::microseconds(backoff_us));
+      backoff_us = std::min(backoff_us * 2, max_backoff_us);
+    } else {
+      std::this_thread::yield();  // the block may still be progressing: just let others in
+    }
     if (!launch->acquire_permit()) {
       holds_permit = false;
       return;

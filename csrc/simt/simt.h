@@ -7,10 +7,12 @@
 // - Every CUDA thread is a fiber (own mmap'ed stack, hand-written x86-64 switch, fiber.h). A
 //   block's fibers run on one OS thread, cooperatively: a fiber runs until it reaches a barrier,
 //   a warp collective, an acquire load or an atomic, or returns. The scheduler goes round-robin
-//   in thread order, so "thread 0 runs ahead to the barrier first" is deterministic.
+//   in thread order, so "thread 0 runs ahead to the barrier first" is deterministic;
+//   W4K_SIMT_SCHEDULE=reverse|shuffle runs the rounds in other orders (race hunting).
 // - Each block runs on a fresh OS thread; at most W4K_SIMT_WORKERS (default min(4, cores)) of
 //   them run at a time. When all runnable threads of a block keep re-reading an unchanged value
-//   with ld_acquire_gpu / atomics (a split-K lock waiting for another block), the block gives
+//   with ld_acquire_gpu / atomics (a split-K lock waiting for another block), or one thread has
+//   re-read the same value 64 times in a row (barriers or votes in the spin loop), the block gives
 //   its run slot away and the next pending block starts on a new OS thread, so every block that
 //   waits for another can eventually see it run (as if all blocks were co-resident). A block
 //   spinning for W4K_SIMT_SPIN_TIMEOUT_S (30) seconds is an error. Plain or volatile loads in a
@@ -21,13 +23,19 @@
 //   exactly the launch size (ASan sees overflows), 128-byte aligned, filled with 0xFF bytes
 //   (NaN as fp16/bf16/fp32, -1 as integers) at block start. Declare it with
 //   W4K_EXTERN_SHARED(type, name) (`extern __shared__ type name[]` on nvcc).
+// - __syncthreads: every thread of the block must arrive, at the same call site. A thread that
+//   has exited never arrives (an error here; the hardware would let it count, but CUDA calls
+//   that undefined). bar.sync id, n (named barriers) counts arrivals only.
 // - Warps are 32 consecutive linear thread ids (x fastest). Collectives (shfl, vote, ldmatrix,
 //   mma) rendezvous the lanes of their member mask and are computed once all have arrived,
 //   bit-exactly per the PTX ISA. All lanes must come with the same mask from the same call site
 //   (return address of the emulator entry point: distinct after inlining); anything else is a
 //   divergent collective and throws.
 // - cp.async captures the source at issue, poisons the destination (0xFF; plus ASan poisoning
-//   for 16-byte copies) and lands the data at the cp.async.wait_group that retires its group.
+//   for 16-byte copies) and lands the data at the cp.async.wait_group that retires its group
+//   (a store into the destination meanwhile is reported there). Copies still pending when a
+//   thread exits land at its exit.
+// - Atomics, ld.acquire / red.release / st.release: std::atomic_ref (C++20) on host memory.
 //
 // Faults throw simt::Error (a std::runtime_error) from the launch, e.g.
 //   simt: divergent mma.m16n8k16 at call site 0x7f..: lanes 0x0000ffff (first: block (0,0,0),
@@ -36,6 +44,10 @@
 // With W4K_SIMT_ABORT=1 the emulator prints the message and aborts on the faulting fiber's stack
 // instead (run under gdb to see the kernel frame). Kernel exceptions are rethrown likewise.
 #pragma once
+
+#if __cplusplus < 202002L
+#error "the SIMT emulator needs C++20 (std::atomic_ref); torch extensions build with -std=c++20"
+#endif
 
 #include <atomic>
 #include <cstdint>
@@ -76,6 +88,17 @@ constexpr int warpSize = 32;
 // ---- barriers and fences ----
 W4K_SIMT_ENTRY inline void __syncthreads() {
   ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true);
+}
+W4K_SIMT_ENTRY inline int __syncthreads_count(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred);
+}
+W4K_SIMT_ENTRY inline int __syncthreads_and(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) ==
+         ::simt::current_block().nthreads;
+}
+W4K_SIMT_ENTRY inline int __syncthreads_or(int pred) {
+  return ::simt::barrier_arrive(0, ::simt::current_block().nthreads, W4K_SIMT_SITE, true, pred) !=
+         0;
 }
 W4K_SIMT_ENTRY inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::simt::rendezvous("__syncwarp", &::simt::syncwarp_compute, mask, nullptr, nullptr, nullptr);
@@ -120,9 +143,10 @@ inline unsigned __activemask() {
 }
 
 // ---- atomics (device-wide, sequentially consistent) ----
-#define W4K_SIMT_ATOMIC(name, T, expr)                                               \
-  W4K_SIMT_ENTRY inline T name(T* p, T v) {                                          \
-    return ::simt::atomic_rmw(p, [v](T old) -> T { return expr; }, W4K_SIMT_SITE);   \
+#define W4K_SIMT_ATOMIC(name, T, expr)                                    \
+  W4K_SIMT_ENTRY inline T name(T* p, T v) {                               \
+    return ::simt::atomic_rmw(                                            \
+        p, [v](T old) -> T { return (void)old, (expr); }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC(atomicAdd, int, old + v)
 W4K_SIMT_ATOMIC(atomicAdd, unsigned, old + v)
@@ -139,8 +163,8 @@ W4K_SIMT_ATOMIC(atomicMax, int, old < v ? v : old)
 W4K_SIMT_ATOMIC(atomicMax, unsigned, old < v ? v : old)
 W4K_SIMT_ATOMIC(atomicMin, int, v < old ? v : old)
 W4K_SIMT_ATOMIC(atomicMin, unsigned, v < old ? v : old)
-W4K_SIMT_ATOMIC(atomicAnd, int, old & v)
-W4K_SIMT_ATOMIC(atomicAnd, unsigned, old & v)
+W4K_SIMT_ATOMIC(atomicAnd, int, old& v)
+W4K_SIMT_ATOMIC(atomicAnd, unsigned, old& v)
 W4K_SIMT_ATOMIC(atomicOr, int, old | v)
 W4K_SIMT_ATOMIC(atomicOr, unsigned, old | v)
 W4K_SIMT_ATOMIC(atomicXor, int, old ^ v)
@@ -148,8 +172,8 @@ W4K_SIMT_ATOMIC(atomicXor, unsigned, old ^ v)
 #undef W4K_SIMT_ATOMIC
 #define W4K_SIMT_ATOMIC_CAS(T)                                                            \
   W4K_SIMT_ENTRY inline T atomicCAS(T* p, T compare, T v) {                               \
-    return ::simt::atomic_rmw(p, [compare, v](T old) -> T { return old == compare ? v : old; }, \
-                              W4K_SIMT_SITE);                                             \
+    return ::simt::atomic_rmw(                                                            \
+        p, [compare, v](T old) -> T { return old == compare ? v : old; }, W4K_SIMT_SITE); \
   }
 W4K_SIMT_ATOMIC_CAS(int)
 W4K_SIMT_ATOMIC_CAS(unsigned)
@@ -158,4 +182,6 @@ W4K_SIMT_ATOMIC_CAS(unsigned long long)
 
 // ---- plain loads with cache hints ----
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}

@@ -59,31 +59,30 @@ inline void check_names_location(const std::string& msg) {
 
 }  // namespace harness
 
-#define TEST(name)                                                   \
-  static void name();                                                \
-  static harness::Register register_##name(#name, &name);            \
+#define TEST(name)                                        \
+  static void name();                                     \
+  static harness::Register register_##name(#name, &name); \
   static void name()
 
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) harness::fail(__FILE__, __LINE__, "CHECK(" #cond ") failed");      \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) harness::fail(__FILE__, __LINE__, "CHECK(" #cond ") failed"); \
   } while (0)
 
-#define CHECK_EQ(a, b)                                                              \
-  do {                                                                              \
-    auto va_ = (a);                                                                 \
-    auto vb_ = (b);                                                                 \
-    if (!(va_ == vb_)) {                                                            \
-      std::ostringstream os_;                                                       \
-      os_ << "CHECK_EQ(" #a ", " #b ") failed: " << +va_ << " != " << +vb_;         \
-      harness::fail(__FILE__, __LINE__, os_.str());                                 \
-    }                                                                               \
+#define CHECK_EQ(a, b)                                                      \
+  do {                                                                      \
+    auto va_ = (a);                                                         \
+    auto vb_ = (b);                                                         \
+    if (!(va_ == vb_)) {                                                    \
+      std::ostringstream os_;                                               \
+      os_ << "CHECK_EQ(" #a ", " #b ") failed: " << +va_ << " != " << +vb_; \
+      harness::fail(__FILE__, __LINE__, os_.str());                         \
+    }                                                                       \
   } while (0)
 
-#define CHECK_CONTAINS(msg, needle)                                                 \
-  do {                                                                              \
-    const std::string m_ = (msg);                                                   \
-    if (m_.find(needle) == std::string::npos)                                       \
-      harness::fail(__FILE__, __LINE__,                                             \
-                    std::string("message lacks \"") + (needle) + "\": " + m_);      \
+#define CHECK_CONTAINS(msg, needle)                                                                \
+  do {                                                                                             \
+    const std::string m_ = (msg);                                                                  \
+    if (m_.find(needle) == std::string::npos)                                                      \
+      harness::fail(__FILE__, __LINE__, std::string("message lacks \"") + (needle) + "\": " + m_); \
   } while (0)

@@ -49,6 +49,33 @@ __global__ void reduce_kernel(const float* in, float* out) {
 }
 }  // namespace
 
+namespace {
+__global__ void syncthreads_count_kernel(const int* pred, int* out) {
+  const int t = int(threadIdx.x);
+  for (int round = 0; round < 3; ++round) {  // the same barrier, reused with new predicates
+    const int p = pred[round * blockDim.x + t];
+    out[(round * 3 + 0) * blockDim.x + t] = __syncthreads_count(p);
+    out[(round * 3 + 1) * blockDim.x + t] = __syncthreads_and(p);
+    out[(round * 3 + 2) * blockDim.x + t] = __syncthreads_or(p);
+  }
+}
+}  // namespace
+
+TEST(syncthreads_count_and_or) {
+  const int n = 96;
+  std::vector<int> pred(3 * n), out(9 * n, -1);
+  for (int t = 0; t < n; ++t) {
+    pred[t] = t % 3 == 0 ? 5 : 0;  // 32 of 96
+    pred[n + t] = 1;               // all
+    pred[2 * n + t] = 0;           // none
+  }
+  W4K_LAUNCH(syncthreads_count_kernel, dim3(1), dim3(n), 0, nullptr, pred.data(), out.data());
+  const int want[3][3] = {{32, 0, 1}, {96, 1, 1}, {0, 0, 0}};
+  for (int r = 0; r < 3; ++r)
+    for (int k = 0; k < 3; ++k)
+      for (int t = 0; t < n; ++t) CHECK_EQ(out[(r * 3 + k) * n + t], want[r][k]);
+}
+
 TEST(syncthreads_tree_reduction_static_shared) {
   const int blocks = 6;
   std::vector<float> in(256 * blocks), out(blocks);
@@ -137,11 +164,56 @@ TEST(inter_block_lock_reverse_order_needs_concurrency) {
   int lock = 0;
   std::vector<int> order(nblocks, -1);
   std::vector<float> acc(32, 0.f);
-  W4K_LAUNCH(reverse_chain_kernel, dim3(nblocks), dim3(32), 0, nullptr, &lock, acc.data(),
-             nblocks, order.data());
+  W4K_LAUNCH(reverse_chain_kernel, dim3(nblocks), dim3(32), 0, nullptr, &lock, acc.data(), nblocks,
+             order.data());
   CHECK_EQ(lock, nblocks);
   for (int i = 0; i < nblocks; ++i) CHECK_EQ(order[i], nblocks - 1 - i);
   for (float a : acc) CHECK_EQ(a, float(nblocks * (nblocks + 1) / 2));
+}
+
+namespace {
+// The same reverse chain, but every warp spins and votes in every iteration: the spinning
+// threads keep reaching a collective, so "all threads only re-read" never holds for a round.
+// (Wait for `lock >= me`, not `lock == me`: thread 0 may release the next block before the
+// other warps have seen their turn; the reverse schedule caught that race in this test.)
+__global__ void reverse_chain_vote_kernel(int* lock, int* order, int nblocks) {
+  const int me = nblocks - 1 - int(blockIdx.x);
+  while (__any_sync(0xffffffffu, w4k::ptx::ld_acquire_gpu(lock) < me)) {
+  }
+  if (threadIdx.x == 0) {
+    order[me] = int(blockIdx.x);
+    w4k::ptx::red_release_gpu_add(lock, 1);
+  }
+}
+
+// Thread 0 polls, the block decides together through shared memory and __syncthreads: the
+// other threads never spin themselves, they wait at barriers.
+__global__ void reverse_chain_barrier_kernel(int* lock, int* order, int nblocks) {
+  __shared__ int go;
+  const int me = nblocks - 1 - int(blockIdx.x);
+  for (;;) {
+    if (threadIdx.x == 0) go = w4k::ptx::ld_acquire_gpu(lock) == me;
+    __syncthreads();
+    const bool done = go;
+    __syncthreads();
+    if (done) break;
+  }
+  if (threadIdx.x == 0) {
+    order[me] = int(blockIdx.x);
+    w4k::ptx::red_release_gpu_add(lock, 1);
+  }
+}
+}  // namespace
+
+TEST(inter_block_lock_spin_with_warp_vote_or_barriers) {
+  const int nblocks = 6;
+  for (auto* kernel : {&reverse_chain_vote_kernel, &reverse_chain_barrier_kernel}) {
+    int lock = 0;
+    std::vector<int> order(nblocks, -1);
+    W4K_LAUNCH(kernel, dim3(nblocks), dim3(64), 0, nullptr, &lock, order.data(), nblocks);
+    CHECK_EQ(lock, nblocks);
+    for (int i = 0; i < nblocks; ++i) CHECK_EQ(order[i], nblocks - 1 - i);
+  }
 }
 
 namespace {
@@ -167,8 +239,8 @@ TEST(atomics_and_cas_spin_lock) {
   unsigned u = 0, orr = 0;
   float f = 0;
   const int blocks = 6, threads = 64, n = blocks * threads;
-  W4K_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, &i, &u, &f, &mx, &orr,
-             &lock, &counter);
+  W4K_LAUNCH(atomics_kernel, dim3(blocks), dim3(threads), 0, nullptr, &i, &u, &f, &mx, &orr, &lock,
+             &counter);
   CHECK_EQ(i, n * (n - 1) / 2);
   CHECK_EQ(u, unsigned(n));
   CHECK_EQ(f, 0.5f * n);
@@ -231,11 +303,11 @@ __global__ void cp_async_groups_kernel(const int4* src, int* state) {
   w4k::ptx::cp_async4_ca(&sh[2].y, &src[2].y);
   w4k::ptx::cp_async4_ca(&sh[2].z, &src[2].z);
   w4k::ptx::cp_async4_ca(&sh[2].w, &src[2].w);
-  w4k::ptx::cp_async_commit_group();  // group B
-  w4k::ptx::cp_async16_cg_zfill(&sh[3], &src[3], false);   // 16 zero bytes
-  w4k::ptx::cp_async16_cg_pred(&sh[5], &src[5], false);    // no copy at all
-  w4k::ptx::cp_async_commit_group();  // group C
-  w4k::ptx::cp_async16_cg_zfill(&sh[4], &src[4], true);    // uncommitted
+  w4k::ptx::cp_async_commit_group();                      // group B
+  w4k::ptx::cp_async16_cg_zfill(&sh[3], &src[3], false);  // 16 zero bytes
+  w4k::ptx::cp_async16_cg_pred(&sh[5], &src[5], false);   // no copy at all
+  w4k::ptx::cp_async_commit_group();                      // group C
+  w4k::ptx::cp_async16_cg_zfill(&sh[4], &src[4], true);   // uncommitted
   snapshot(0);
   w4k::ptx::cp_async_wait_group<2>();  // A done
   snapshot(1);
@@ -243,7 +315,7 @@ __global__ void cp_async_groups_kernel(const int4* src, int* state) {
   snapshot(2);
   w4k::ptx::cp_async_wait_group<0>();  // C done, the uncommitted copy still pending
   snapshot(3);
-  w4k::ptx::cp_async_wait_all();       // commits it and waits
+  w4k::ptx::cp_async_wait_all();  // commits it and waits
   snapshot(4);
   state[30] = sh[3].x == 0 && sh[3].y == 0 && sh[3].z == 0 && sh[3].w == 0;
   state[31] = sh[5].x == 7 && sh[5].w == 7;
@@ -254,8 +326,7 @@ TEST(cp_async_commit_wait_group_semantics) {
   std::vector<int4> src(6);
   for (int k = 0; k < 6; ++k) src[k] = make_int4(k * 4 + 1, k * 4 + 2, k * 4 + 3, k * 4 + 4);
   std::vector<int> state(32, -1);
-  W4K_LAUNCH(cp_async_groups_kernel, dim3(1), dim3(32), 6 * 16, nullptr, src.data(),
-             state.data());
+  W4K_LAUNCH(cp_async_groups_kernel, dim3(1), dim3(32), 6 * 16, nullptr, src.data(), state.data());
   // columns: sh[0] (A), sh[1] (B), sh[2] (B, 4-byte), sh[3] (C, zfill), sh[4] (uncommitted),
   // sh[5] (predicated off: keeps 7s, classified 3)
   const int want[5][6] = {{2, 2, 2, 2, 2, 3},
@@ -298,15 +369,15 @@ TEST(launch_configuration_errors_like_cuda) {
   const size_t smem = 32 * 1000 * 4;
   W4K_LAUNCH(big_smem_kernel, dim3(1), dim3(32), smem, nullptr, out.data());
   CHECK_EQ(cudaGetLastError(), cudaErrorInvalidValue);
-  CHECK_EQ(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(smem)),
-           cudaSuccess);
+  CHECK_EQ(
+      cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+      cudaSuccess);
   W4K_LAUNCH(big_smem_kernel, dim3(1), dim3(32), smem, nullptr, out.data());
   CHECK_EQ(cudaGetLastError(), cudaSuccess);
   for (int t = 0; t < 32; ++t) CHECK_EQ(out[t], (t + 1) % 32);
-  CHECK_EQ(cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                1 << 20),
-           cudaErrorInvalidValue);
+  CHECK_EQ(
+      cudaFuncSetAttribute(big_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 1 << 20),
+      cudaErrorInvalidValue);
   cudaGetLastError();
 }
 
@@ -338,4 +409,39 @@ TEST(fiber_stacks_hold_large_locals) {
   int base = 0;
   for (int i = 0; i < 16384; i += 1000) base += i;
   for (int t = 0; t < 64; ++t) CHECK_EQ(out[t], base * t);
+}
+
+namespace {
+// Missing __syncthreads: thread t reads what thread t-1 wrote. The default forward order runs
+// t-1 first and hides the race; the reverse and shuffled orders read the poison fill.
+__global__ void missing_barrier_kernel(float* out) {
+  W4K_EXTERN_SHARED(float, sh);
+  const int t = int(threadIdx.x);
+  sh[t] = float(t);
+  out[t] = sh[t > 0 ? t - 1 : 0];
+}
+int nan_count(const char* schedule) {
+  setenv("W4K_SIMT_SCHEDULE", schedule, 1);
+  std::vector<float> out(64, 0.f);
+  W4K_LAUNCH(missing_barrier_kernel, dim3(1), dim3(64), 64 * sizeof(float), nullptr, out.data());
+  unsetenv("W4K_SIMT_SCHEDULE");
+  int nans = 0;
+  for (float x : out) nans += std::isnan(x);
+  return nans;
+}
+}  // namespace
+
+TEST(schedule_orders_expose_missing_syncthreads) {
+  CHECK_EQ(nan_count("forward"), 0);
+  CHECK_EQ(nan_count("reverse"), 63);
+  CHECK(nan_count("shuffle") > 0);
+  std::string msg;
+  setenv("W4K_SIMT_SCHEDULE", "sideways", 1);
+  try {
+    nan_count("sideways");
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  unsetenv("W4K_SIMT_SCHEDULE");
+  CHECK_CONTAINS(msg, "W4K_SIMT_SCHEDULE must be forward, reverse or shuffle, got 'sideways'");
 }

@@ -25,13 +25,12 @@ __global__ void divergent_mma_kernel(float* out) {
 
 TEST(bug_divergent_mma_names_warp_and_lane) {
   std::vector<float> out(64);
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(divergent_mma_kernel, dim3(2), dim3(64), 0, nullptr, out.data());
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(divergent_mma_kernel, dim3(2), dim3(64), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "divergent mma.m16n8k16");
   CHECK_CONTAINS(msg, "call site");
-  CHECK_CONTAINS(msg, "lanes 0x0000ffff");  // lanes 0-15 wait at the other site
+  CHECK_CONTAINS(msg, "lanes 0x0000ffff");   // lanes 0-15 wait at the other site
   CHECK_CONTAINS(msg, "[warp 0, lane 16]");  // the first lane arriving elsewhere is named
 }
 
@@ -44,9 +43,8 @@ __global__ void divergent_mask_kernel(int* out) {
 
 TEST(bug_divergent_member_masks) {
   std::vector<int> out(32);
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(divergent_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.data());
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(divergent_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "divergent __shfl_xor_sync");
   CHECK_CONTAINS(msg, "member mask 0x0000ffff");
@@ -83,9 +81,8 @@ __global__ void true_deadlock_kernel(int* out) {
 
 TEST(bug_deadlock_skipped_syncthreads) {
   std::vector<int> out(64);
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(skipped_syncthreads_kernel, dim3(1), dim3(64), 0, nullptr, out.data());
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(skipped_syncthreads_kernel, dim3(1), dim3(64), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "deadlock");
   CHECK_CONTAINS(msg, "thread (7,0,0) [warp 0, lane 7]");  // the thread that exited
@@ -97,9 +94,8 @@ TEST(bug_deadlock_skipped_syncthreads) {
   CHECK_CONTAINS(msg, "divergent __syncthreads");
   CHECK_CONTAINS(msg, "thread (7,0,0)");
 
-  msg = simt_error_of([&] {
-    W4K_LAUNCH(true_deadlock_kernel, dim3(1), dim3(32), 0, nullptr, out.data());
-  });
+  msg = simt_error_of(
+      [&] { W4K_LAUNCH(true_deadlock_kernel, dim3(1), dim3(32), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "deadlock in block (0,0,0): every live thread is blocked");
   CHECK_CONTAINS(msg, "lane 1] waits in __syncthreads");
@@ -121,9 +117,8 @@ __global__ void collective_with_exited_lane_kernel(int* out) {
 
 TEST(bug_lane_exits_mid_collective) {
   std::vector<int> out(32);
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(exit_mid_collective_kernel, dim3(1), dim3(32), 0, nullptr, out.data());
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(exit_mid_collective_kernel, dim3(1), dim3(32), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "lane exited in the middle of __shfl_down_sync");
   CHECK_CONTAINS(msg, "[warp 0, lane 31]");
@@ -147,15 +142,13 @@ __global__ void misaligned_ldmatrix_kernel(int bad_lane, int use_local) {
 }  // namespace
 
 TEST(bug_misaligned_or_non_shared_ldmatrix) {
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(misaligned_ldmatrix_kernel, dim3(1), dim3(32), 8 * 16, nullptr, 13, 0);
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(misaligned_ldmatrix_kernel, dim3(1), dim3(32), 8 * 16, nullptr, 13, 0); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "not 16-byte aligned");
   CHECK_CONTAINS(msg, "[warp 0, lane 13]");
-  msg = simt_error_of([&] {
-    W4K_LAUNCH(misaligned_ldmatrix_kernel, dim3(1), dim3(32), 8 * 16, nullptr, 22, 1);
-  });
+  msg = simt_error_of(
+      [&] { W4K_LAUNCH(misaligned_ldmatrix_kernel, dim3(1), dim3(32), 8 * 16, nullptr, 22, 1); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "local memory");
   CHECK_CONTAINS(msg, "[warp 0, lane 22]");
@@ -169,9 +162,8 @@ __global__ void shfl_outside_mask_kernel(int* out) {
 
 TEST(bug_shfl_reads_lane_outside_mask) {
   std::vector<int> out(32);
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(shfl_outside_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.data());
-  });
+  std::string msg = simt_error_of(
+      [&] { W4K_LAUNCH(shfl_outside_mask_kernel, dim3(1), dim3(32), 0, nullptr, out.data()); });
   check_names_location(msg);
   CHECK_CONTAINS(msg, "reads lane 20 which is not in the member mask");
 }
@@ -187,9 +179,8 @@ __global__ void spin_forever_kernel(int* flag) {
 TEST(bug_spin_without_release_times_out) {
   setenv("W4K_SIMT_SPIN_TIMEOUT_S", "1", 1);
   int flag = 0;
-  std::string msg = simt_error_of([&] {
-    W4K_LAUNCH(spin_forever_kernel, dim3(2), dim3(32), 0, nullptr, &flag);
-  });
+  std::string msg =
+      simt_error_of([&] { W4K_LAUNCH(spin_forever_kernel, dim3(2), dim3(32), 0, nullptr, &flag); });
   unsetenv("W4K_SIMT_SPIN_TIMEOUT_S");
   check_names_location(msg);
   CHECK_CONTAINS(msg, "spin timeout");
@@ -224,6 +215,30 @@ float cp_async_sum(bool wait) {
 TEST(bug_missing_cp_async_wait) {
   CHECK_EQ(cp_async_sum(true), 320.f);
   CHECK(std::isnan(cp_async_sum(false)));
+}
+
+namespace {
+// A plain store hits a cp.async destination before the wait (the ASan build would report the
+// store itself as use-after-poison; the test stores around ASan to check the emulator's own
+// detection, which works in every build).
+__attribute__((no_sanitize("address"))) void racing_store(int* p) { *p = 42; }
+__global__ void store_races_cp_async_kernel(const int4* src) {
+  W4K_EXTERN_SHARED(int4, sh);
+  w4k::ptx::cp_async16_cg(&sh[threadIdx.x], &src[threadIdx.x]);
+  w4k::ptx::cp_async_commit_group();
+  if (threadIdx.x == 3) racing_store(&sh[3].y);
+  w4k::ptx::cp_async_wait_group<0>();
+}
+}  // namespace
+
+TEST(bug_store_races_in_flight_cp_async) {
+  std::vector<int4> src(32, make_int4(1, 2, 3, 4));
+  std::string msg = simt_error_of([&] {
+    W4K_LAUNCH(store_races_cp_async_kernel, dim3(1), dim3(32), 32 * 16, nullptr, src.data());
+  });
+  check_names_location(msg);
+  CHECK_CONTAINS(msg, "was written while its cp.async was in flight");
+  CHECK_CONTAINS(msg, "[warp 0, lane 3]");
 }
 
 namespace {

@@ -107,13 +107,12 @@ uint16_t bits_of(T h) {
 }
 
 // fp16/bf16 result vs reference bits (any NaN matches any NaN).
-void check_bits(uint16_t got, uint16_t want, const char* what, uint16_t a, uint16_t b,
-                uint16_t c) {
+void check_bits(uint16_t got, uint16_t want, const char* what, uint16_t a, uint16_t b, uint16_t c) {
   bool both_nan = (got & 0x7FFF) > 0x7C00 && (want & 0x7FFF) > 0x7C00;
   if (got == want || both_nan) return;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s(0x%04x, 0x%04x, 0x%04x) = 0x%04x, want 0x%04x", what, a, b,
-                c, got, want);
+  std::snprintf(buf, sizeof buf, "%s(0x%04x, 0x%04x, 0x%04x) = 0x%04x, want 0x%04x", what, a, b, c,
+                got, want);
   throw harness::Failure(buf);
 }
 
@@ -183,8 +182,8 @@ TEST(float_to_half_bf16_rounding_exhaustive) {
           check_bits(conv(down), fmt->nearest(down), "cvt down", uint16_t(p), sb, 0);
           if (is_half) {
             double upd = std::nextafter(sg * x, INFINITY);
-            check_bits(simt::double_to_half_bits(upd), fmt->nearest(upd), "cvt double",
-                       uint16_t(p), sb, 0);
+            check_bits(simt::double_to_half_bits(upd), fmt->nearest(upd), "cvt double", uint16_t(p),
+                       sb, 0);
           }
         }
       }

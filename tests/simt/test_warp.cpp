@@ -12,10 +12,18 @@ __global__ void shfl_kernel(const int* in, int* out, int mode, int b, int width)
   const int v = in[threadIdx.x];
   int r = 0;
   switch (mode) {
-    case kIdx: r = __shfl_sync(0xffffffffu, v, b, width); break;
-    case kUp: r = __shfl_up_sync(0xffffffffu, v, unsigned(b), width); break;
-    case kDown: r = __shfl_down_sync(0xffffffffu, v, unsigned(b), width); break;
-    case kXor: r = __shfl_xor_sync(0xffffffffu, v, b, width); break;
+    case kIdx:
+      r = __shfl_sync(0xffffffffu, v, b, width);
+      break;
+    case kUp:
+      r = __shfl_up_sync(0xffffffffu, v, unsigned(b), width);
+      break;
+    case kDown:
+      r = __shfl_down_sync(0xffffffffu, v, unsigned(b), width);
+      break;
+    case kXor:
+      r = __shfl_xor_sync(0xffffffffu, v, b, width);
+      break;
   }
   out[threadIdx.x] = r;
 }
@@ -26,10 +34,14 @@ __global__ void shfl_kernel(const int* in, int* out, int mode, int b, int width)
 int shfl_source(int mode, int lane, int b, int width) {
   const int seg = lane / width * width;
   switch (mode) {
-    case kIdx: return seg + (b % width);
-    case kUp: return lane - b >= seg ? lane - b : lane;
-    case kDown: return lane + b < seg + width ? lane + b : lane;
-    default: return (lane ^ b) / width <= lane / width ? (lane ^ b) : lane;
+    case kIdx:
+      return seg + (b % width);
+    case kUp:
+      return lane - b >= seg ? lane - b : lane;
+    case kDown:
+      return lane + b < seg + width ? lane + b : lane;
+    default:
+      return (lane ^ b) / width <= lane / width ? (lane ^ b) : lane;
   }
 }
 
@@ -42,8 +54,8 @@ TEST(shfl_all_modes_widths_offsets) {
   for (int mode : {kIdx, kUp, kDown, kXor})
     for (int width : {1, 2, 4, 8, 16, 32})
       for (int b : {0, 1, 2, 3, 5, 7, 13, 16, 31}) {
-        W4K_LAUNCH(shfl_kernel, dim3(1), dim3(nthreads), 0, nullptr, in.data(), out.data(), mode,
-                   b, width);
+        W4K_LAUNCH(shfl_kernel, dim3(1), dim3(nthreads), 0, nullptr, in.data(), out.data(), mode, b,
+                   width);
         CHECK_EQ(cudaGetLastError(), cudaSuccess);
         for (int t = 0; t < nthreads; ++t) {
           int want = in[t / 32 * 32 + shfl_source(mode, t % 32, b, width)];
@@ -51,8 +63,7 @@ TEST(shfl_all_modes_widths_offsets) {
             harness::fail(__FILE__, __LINE__,
                           "mode " + std::to_string(mode) + " width " + std::to_string(width) +
                               " b " + std::to_string(b) + " thread " + std::to_string(t) +
-                              ": got " + std::to_string(out[t]) + " want " +
-                              std::to_string(want));
+                              ": got " + std::to_string(out[t]) + " want " + std::to_string(want));
         }
       }
 }
@@ -169,7 +180,8 @@ void check_ldmatrix() {
       if (i < num) {
         int r = t / 4, c = 2 * (t % 4);
         auto elem = [&](int row, int col) {
-          return trans ? uint32_t((i << 8) | (col << 4) | row) : uint32_t((i << 8) | (row << 4) | col);
+          return trans ? uint32_t((i << 8) | (col << 4) | row)
+                       : uint32_t((i << 8) | (row << 4) | col);
         };
         want = elem(r, c) | (elem(r, c + 1) << 16);
       }
@@ -272,8 +284,8 @@ void check_mma(bool small_integers, uint32_t seed) {
       const double tol = small_integers ? 0.0 : 17 * std::ldexp(1.0, -24) * mag;
       if (!(std::fabs(got - want) <= tol))
         harness::fail(__FILE__, __LINE__,
-                      std::string(bf16 ? "bf16" : "f16") + " mma D[" + std::to_string(row) +
-                          "][" + std::to_string(col) + "] = " + std::to_string(got) +
+                      std::string(bf16 ? "bf16" : "f16") + " mma D[" + std::to_string(row) + "][" +
+                          std::to_string(col) + "] = " + std::to_string(got) +
                           ", float64 reference " + std::to_string(want));
     }
 }
@@ -287,4 +299,38 @@ TEST(mma_m16n8k16_f16_fragments_vs_float64) {
 TEST(mma_m16n8k16_bf16_fragments_vs_float64) {
   for (uint32_t seed = 0; seed < 20; ++seed) check_mma<__nv_bfloat16, true>(false, seed);
   for (uint32_t seed = 0; seed < 5; ++seed) check_mma<__nv_bfloat16, true>(true, 100 + seed);
+}
+
+namespace {
+// The usual pipeline on static __shared__ (thread_local in the emulator): cp.async rows in,
+// wait, barrier, ldmatrix.x4 out. Lane l copies row l % 8 of matrix l / 8.
+__global__ void static_smem_pipeline_kernel(const uint4* rows, uint32_t* out) {
+  __shared__ uint4 tile[32];
+  const int lane = threadIdx.x;
+  w4k::ptx::cp_async16_ca(&tile[lane], &rows[lane]);
+  w4k::ptx::cp_async_commit_group();
+  w4k::ptx::cp_async_wait_group<0>();
+  __syncthreads();
+  uint32_t r[4];
+  w4k::ptx::ldmatrix_x4(r, &tile[lane]);
+  for (int i = 0; i < 4; ++i) out[128 * blockIdx.x + 4 * lane + i] = r[i];
+}
+}  // namespace
+
+TEST(cp_async_and_ldmatrix_on_static_shared) {
+  std::vector<uint4> rows(32);
+  for (int i = 0; i < 4; ++i)
+    for (int r = 0; r < 8; ++r) {
+      uint16_t v[8];
+      for (int c = 0; c < 8; ++c) v[c] = uint16_t((i << 8) | (r << 4) | c);
+      std::memcpy(&rows[8 * i + r], v, 16);
+    }
+  std::vector<uint32_t> out(3 * 128);
+  W4K_LAUNCH(static_smem_pipeline_kernel, dim3(3), dim3(32), 0, nullptr, rows.data(), out.data());
+  for (int b = 0; b < 3; ++b)
+    for (int t = 0; t < 32; ++t)
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t r = t / 4, c = 2 * (t % 4), base = uint32_t(i << 8) | (r << 4);
+        CHECK_EQ(out[128 * b + 4 * t + i], (base | c) | ((base | (c + 1)) << 16));
+      }
 }
