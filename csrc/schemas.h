@@ -40,7 +40,39 @@ inline void define_ops(torch::Library& m) {
         "SymInt split_k_iters) -> Tensor");
 
   // ---- KleidiAI -------------------------------------------------------------------------
-  // (pack_rhs family, lhs_quant_pack_qai8dxp and the matmul that consumes them)
+  // Names follow KleidiAI's (layouts in csrc/kleidiai.h and w4kernels.reference). RHS packers:
+  // uint8 source (nxk [n, ceil(k/2)] / kxn [k, ceil(n/2)], low nibble = lower index) ->
+  // uint8 [rhs_packed_size_*] bytes, byte-identical to KleidiAI's scalar packers.
+  m.def("rhs_pack_nxk_qsi4cxp_qs4cxs1s0(Tensor rhs, Tensor scale, Tensor? bias, int n, int k, "
+        "int nr=8, int kr=16, int sr=2, int rhs_zero_point=8) -> Tensor");
+  m.def("rhs_pack_kxn_qsi4cxp_qs4cxs1s0(Tensor rhs, Tensor scale, Tensor? bias, int n, int k, "
+        "int nr=8, int kr=16, int sr=2, int rhs_zero_point=8) -> Tensor");
+  m.def("rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(Tensor rhs, Tensor scale, Tensor? bias, int n, int k, "
+        "int bl, int nr=8, int kr=16, int sr=2) -> Tensor");
+  m.def("rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(Tensor rhs, Tensor scale, Tensor? bias, int n, int k, "
+        "int bl, int nr=8, int kr=16, int sr=2) -> Tensor");
+  // Size queries (bytes), shared by the CPU ops and their fakes.
+  m.def("rhs_packed_size_qsi4cxp(int n, int k, int nr=8, int kr=16, int sr=2) -> int");
+  m.def("rhs_packed_size_qsi4c32p(int n, int k, int bl, int nr=8, int kr=16, int sr=2) -> int");
+  m.def("lhs_packed_size_qai8dxp(int m, int k, int mr=1, int kr=16, int sr=2) -> int");
+  // f32 [m, k] -> per-row asymmetric int8, mr rows interleaved: uint8 [lhs_packed_size].
+  m.def("lhs_quant_pack_qai8dxp_f32(Tensor lhs, int mr=1, int kr=16, int sr=2) -> Tensor");
+  // Packed LHS x packed RHS -> [m, n] f32 (or bf16), bias and clamp from KleidiAI's epilogue.
+  // isa: "auto" (env W4K_KLEIDIAI_ISA, else the best), "avx512", "avxvnni", "avx2", "scalar".
+  m.def("matmul_clamp_f32_qai8dxp_qsi4cxp(Tensor lhs_packed, Tensor rhs_packed, int m, int n, "
+        "int k, int mr=1, int nr=8, int kr=16, int sr=2, float? clamp_min=None, "
+        "float? clamp_max=None, ScalarType? out_dtype=None, str isa=\"auto\") -> Tensor");
+  m.def("matmul_clamp_f32_qai8dxp_qsi4c32p(Tensor lhs_packed, Tensor rhs_packed, int m, int n, "
+        "int k, int bl, int mr=1, int nr=8, int kr=16, int sr=2, float? clamp_min=None, "
+        "float? clamp_max=None, ScalarType? out_dtype=None, str isa=\"auto\") -> Tensor");
+  // Drop-in for torch.ops.aten._dyn_quant_pack_4bit_weight / _dyn_quant_matmul_4bit (same
+  // inputs; the packed buffer is KleidiAI's nr=8, kr=16, sr=2 layout).
+  m.def("dyn_quant_pack_4bit_weight(Tensor weights, Tensor scales_zeros, Tensor? bias, "
+        "int block_size, int in_features, int out_features) -> Tensor");
+  m.def("dyn_quant_matmul_4bit(Tensor inp, Tensor packed_weights, int block_size, "
+        "int in_features, int out_features, str isa=\"auto\") -> Tensor");
+  // The kernel path "auto" (or a forced name) resolves to on this CPU.
+  m.def("kleidiai_isa(str isa=\"auto\") -> str");
 }
 
 }  // namespace w4k

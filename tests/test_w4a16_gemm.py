@@ -76,10 +76,11 @@ def op_args(case):
 
 
 def call(backend, case):
-    c = case
+    """Run the op on the backend's device; the result comes back to the CPU."""
+    c = {k: v.to(backend.device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
     return backend.op(OP)(c["a"], c["b_q_weight"], c["b_scales"], c["b_zeros"], c["g_idx"],
                           c["perm"], c["workspace"], c["num_bits"], c["size_m"], c["size_n"],
-                          c["size_k"], c["is_k_full"], c["b_bias"], c["use_fp32_reduce"])
+                          c["size_k"], c["is_k_full"], c["b_bias"], c["use_fp32_reduce"]).cpu()
 
 
 def tolerance(case, ref):
@@ -105,6 +106,11 @@ def check_against_reference(backend, case):
     out = call(backend, case)
     assert out.dtype == case["a"].dtype and out.shape == (case["size_m"], case["size_n"])
     ref = reference.w4a16_gemm(**op_args(case))
+    if case["size_k"] * case["size_n"] <= 1 << 20:  # the reference decodes what we encoded
+        c = case
+        w = reference.marlin_dequantize(c["b_q_weight"], c["b_scales"], c["b_zeros"],
+                                        c["g_idx"], c["size_k"], c["size_n"])
+        assert torch.equal(w, c["_w"])
     tol = tolerance(case, ref)
     err = (out.double() - ref).abs()
     worst = (err - tol).argmax()
@@ -148,14 +154,21 @@ def test_options(backend, m, dtype, group_size, act_order, zp, bias):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("act_order", [None, "shard"], ids=["noact", "shard"])
 @pytest.mark.parametrize("lut_rows", ["0", "8"], ids=["blocked", "lut"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, m):
+def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, act_order, m):
     """Both AVX-512 small-M variants (lookup tables and the blocked dequantize-then-FMA path,
-    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias."""
+    selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias.
+    The act-order shard has random group boundaries, so some k-tiles span two groups (the
+    lookup-table path dequantizes those row by row)."""
     b = backend_or_skip("cpu", OP)
     monkeypatch.setenv("W4K_W4A16_LUT_ROWS", lut_rows)
-    check_against_reference(b, make_case(m, 512, 128, 64, dtype, zp=True, bias=True, seed=m))
+    case = make_case(m, 512, 128, 64, dtype, act_order, zp=True, bias=True, seed=m)
+    if act_order:
+        g = case["g_idx"].reshape(-1, 16)
+        assert bool((g[:, 0] != g[:, -1]).any()), "want tiles that span two groups"
+    check_against_reference(b, case)
 
 
 LLAMA_CASES = [  # (dtype, variant, m); the float64 reference of this shape takes seconds
@@ -176,26 +189,29 @@ def test_llama_mlp_shape(backend, dtype, variant, m):
                                          zp=variant == "awq", seed=11))
 
 
+CAPS = {"scalar": ("W4K_CPU_ISA", "scalar"), "avx512-no-bf16-dot": ("W4K_W4A16_DPBF16", "0")}
+
+
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("config", ["g64", "g-1_zp_bias", "act_shard"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("isa", ["generic", "avx512"])
-def test_capped_isa(monkeypatch, isa, dtype, config, m):
-    """The kernel paths a machine without AVX-512 (generic: portable C++) or without AVX512-BF16
-    (avx512: fp32 FMAs for bf16 too) would run, forced through W4K_W4A16_ISA."""
+@pytest.mark.parametrize("cap", list(CAPS))
+def test_capped_isa(monkeypatch, cap, dtype, config, m):
+    """The kernel paths a machine without AVX-512 (W4K_CPU_ISA=scalar: portable C++) or without
+    AVX512-BF16 (fp32 FMAs for bf16 too) would run."""
     b = backend_or_skip("cpu", OP)
-    monkeypatch.setenv("W4K_W4A16_ISA", isa)
+    monkeypatch.setenv(*CAPS[cap])
     args = {"g64": (64, None, False, False), "g-1_zp_bias": (-1, None, True, True),
             "act_shard": (32, "shard", False, True)}[config]
     check_against_reference(b, make_case(m, 256, 128, args[0], dtype, *args[1:], seed=3))
 
 
-def test_generic_and_avx512_agree(monkeypatch):
+def test_scalar_and_avx512_agree(monkeypatch):
     """Both paths round the weights identically; only the fp32 summation order may differ."""
     b = backend_or_skip("cpu", OP)
     case = make_case(9, 512, 256, 128, torch.float16, "k_full", seed=5)
     fast = call(b, case)
-    monkeypatch.setenv("W4K_W4A16_ISA", "generic")
+    monkeypatch.setenv("W4K_CPU_ISA", "scalar")
     tol = tolerance(case, reference.w4a16_gemm(**op_args(case)))
     assert bool(((call(b, case).double() - fast.double()).abs() <= 2 * tol).all())
 

@@ -94,14 +94,23 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
                use_fp32_reduce: bool = True, num_bits: int = 4) -> torch.Tensor:
     """fp16/bf16 activations times a Marlin int4 weight (vLLM ``gptq_marlin_gemm`` semantics).
 
-    ``out[m, n] = sum_k a[m, k] * w[k, n] (+ b_bias[n])`` with fp32 accumulation, where the
-    weight row r of the Marlin layout holds activation column ``perm[r]`` (act-order) or r, and
-    ``w[r, n] = (q[r, n] - z) * s`` with ``q`` the uint4 code, ``s = b_scales[g(r), n]``,
-    ``z = 8`` (GPTQ, symmetric) or the unpacked Marlin zero point ``b_zeros[g(r), n]`` (AWQ),
-    and ``g(r) = g_idx[r]`` (act-order) or ``r // group_size`` (``group_size = K / G``).
+    ``out[m, n] = sum_r a[m, perm[r]] * w[r, n] (+ b_bias[n])``, where the weight row r of the
+    Marlin layout holds activation column ``perm[r]`` (act-order) or r, and
+    ``w[r, n] = (q[r, n] - z) * s`` rounded once to ``a``'s dtype (as Marlin dequantizes to
+    fp16/bf16 before its fp32-accumulating mma) with ``q`` the uint4 code,
+    ``s = b_scales[g(r), n]``, ``z = 8`` (GPTQ, symmetric) or the unpacked Marlin zero point
+    ``b_zeros[g(r), n]`` (AWQ), and ``g(r) = g_idx[r]`` (act-order) or ``r // group_size``
+    (``group_size = K / G``). The products are accumulated in fp32, the bias is added in fp32,
+    and the result is rounded once to ``a``'s dtype. (vLLM's GPU kernel applies per-channel
+    (G = 1) scales after the accumulation instead, ``half(half(acc) * s)``; the two differ by
+    about an ulp of the output.)
+
+    None and empty tensors both mean "absent" for ``b_zeros``, ``g_idx``, ``perm`` and
+    ``b_bias``; ``g_idx`` and ``perm`` come together. M = 0 gives an empty ``[0, N]`` result.
 
     Args:
-        a: float16 or bfloat16 ``[M, K]`` (row stride may exceed K).
+        a: float16 or bfloat16 ``[M, K]``, unit stride along K (row stride may exceed K).
+            Every other tensor must be contiguous.
         b_q_weight: int32 ``[K/16, 2N]``, Marlin layout (:func:`marlin_repack`).
         b_scales: same dtype as ``a``, ``[G, N]``, permuted with
             :func:`w4kernels.quant.marlin_permute_scales`. G = 1 means per-channel.
@@ -109,10 +118,12 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
             None for symmetric weights (zero point 8).
         g_idx: int32 ``[K]`` group of each Marlin row, *sorted* (``g_idx[perm]``), or None.
         perm: int32 ``[K]`` act-order permutation (``argsort`` of the GPTQ g_idx), or None.
-        workspace: int32, at least ``N / 64 * 16`` elements, zero-filled (GPU lock array).
+        workspace: int32, at least ``N / 64 * 16`` elements, zero-filled (GPU lock array;
+            checked but not used by the CPU kernel).
         size_m, size_n, size_k: M, N, K. K is the local K of this shard.
         is_k_full: False when this is a row-parallel shard of an act-order layer: ``b_scales``
-            then holds every group of the full layer and ``g_idx`` indexes it directly.
+            then holds every group of the full layer and ``g_idx`` indexes it directly. With
+            act-order and ``is_k_full``, G must divide K (without act-order it always must).
         b_bias: optional ``[N]`` bias in ``a``'s dtype.
         use_fp32_reduce: accumulate split-K partial sums in fp32 (always true on CPU).
         num_bits: 4.
@@ -188,3 +199,259 @@ def _awq_gemm_fake(x, qweight, scales, qzeros, split_k_iters):
 
 
 # ---- KleidiAI -----------------------------------------------------------------------------
+#
+# Layouts (names as KleidiAI's): qsi4cxp = per-channel signed int4 RHS, qsi4c32p = per-block
+# (bl) signed int4 RHS with bf16 scales, qai8dxp = per-row asymmetric int8 LHS; "nxk"/"kxn" is
+# the source orientation and "s1s0" says two int4 per byte, low nibble = lower index. The byte
+# layouts are spelled out in :mod:`w4kernels.reference` ("KleidiAI" section). Defaults
+# (nr, kr, sr) = (8, 16, 2) are what the fast x86 kernels are written for; other legal values
+# run the scalar kernel. Kernel path: ``isa="auto"`` (env ``W4K_KLEIDIAI_ISA`` if set, else the
+# best the CPU has), or "avx512", "avxvnni", "avx2", "scalar".
+
+
+def rhs_packed_size_qsi4cxp(n: int, k: int, nr: int = 8, kr: int = 16, sr: int = 2) -> int:
+    """Bytes of a per-channel packed RHS (KleidiAI ``kai_get_rhs_packed_size_*_qsi4cxp_*``)."""
+    return torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr)
+
+
+def rhs_packed_size_qsi4c32p(n: int, k: int, bl: int, nr: int = 8, kr: int = 16,
+                             sr: int = 2) -> int:
+    """Bytes of a per-block packed RHS (KleidiAI ``kai_get_rhs_packed_size_*_qsi4c32p_*``)."""
+    return torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr)
+
+
+def lhs_packed_size_qai8dxp(m: int, k: int, mr: int = 1, kr: int = 16, sr: int = 2) -> int:
+    """Bytes of a packed LHS (KleidiAI ``kai_get_lhs_packed_size_lhs_quant_pack_qai8dxp_f32``)."""
+    return torch.ops.w4kernels.lhs_packed_size_qai8dxp(m, k, mr, kr, sr)
+
+
+def _kai_packed(t: torch.Tensor, size: int) -> torch.Tensor:
+    return t.new_empty((size,), dtype=torch.uint8)
+
+
+def rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs: torch.Tensor, scale: torch.Tensor,
+                                   bias: Optional[torch.Tensor], n: int, k: int, nr: int = 8,
+                                   kr: int = 16, sr: int = 2,
+                                   rhs_zero_point: int = 8) -> torch.Tensor:
+    """Pack a per-channel int4 weight (N x K source) like KleidiAI, byte for byte.
+
+    Args:
+        rhs: uint8 ``[n, ceil(k/2)]``; element (n, k) is the low nibble of byte ``k // 2`` for
+            even k, the high nibble for odd k.
+        scale: float32 ``[n]``, the dequantization scale: w = (q - rhs_zero_point) * scale.
+        bias: float32 ``[n]`` or None (zeros are stored).
+        n, k: N, K (any positive K; K is padded to a multiple of 32).
+        nr, kr, sr: KleidiAI packing parameters; kr % sr == 0 and kr / sr divides 16.
+        rhs_zero_point: 8 (nibbles are unsigned 0..15) or 0 (nibbles are signed int4).
+
+    Returns:
+        uint8 ``[rhs_packed_size_qsi4cxp(n, k, nr, kr, sr)]``.
+    """
+    return torch.ops.w4kernels.rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs, scale, bias, n, k, nr, kr, sr,
+                                                              rhs_zero_point)
+
+
+def rhs_pack_kxn_qsi4cxp_qs4cxs1s0(rhs: torch.Tensor, scale: torch.Tensor,
+                                   bias: Optional[torch.Tensor], n: int, k: int, nr: int = 8,
+                                   kr: int = 16, sr: int = 2,
+                                   rhs_zero_point: int = 8) -> torch.Tensor:
+    """As :func:`rhs_pack_nxk_qsi4cxp_qs4cxs1s0` from a K x N source: uint8 ``[k, ceil(n/2)]``,
+    element (k, n) in byte ``n // 2``, low nibble for even n."""
+    return torch.ops.w4kernels.rhs_pack_kxn_qsi4cxp_qs4cxs1s0(rhs, scale, bias, n, k, nr, kr, sr,
+                                                              rhs_zero_point)
+
+
+def rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
+                                      bias: Optional[torch.Tensor], n: int, k: int, bl: int,
+                                      nr: int = 8, kr: int = 16, sr: int = 2) -> torch.Tensor:
+    """Pack a per-block uint4 weight (zero point 8; N x K source) like KleidiAI, byte for byte.
+
+    Args:
+        rhs: uint8 ``[n, k/2]``, low nibble = even k.
+        scale: bfloat16 ``[n, k/bl]``: w = (q - 8) * scale[n, k // bl].
+        bias: float32 ``[n]`` or None.
+        bl: block length, a multiple of 32 (and of kr) dividing k. nr: a multiple of 4.
+
+    Returns:
+        uint8 ``[rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr)]``.
+    """
+    return torch.ops.w4kernels.rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(rhs, scale, bias, n, k, bl, nr,
+                                                                 kr, sr)
+
+
+def rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
+                                      bias: Optional[torch.Tensor], n: int, k: int, bl: int,
+                                      nr: int = 8, kr: int = 16, sr: int = 2) -> torch.Tensor:
+    """As :func:`rhs_pack_nxk_qsi4c32p_qsu4c32s1s0` from a K x N source uint8 ``[k, ceil(n/2)]``."""
+    return torch.ops.w4kernels.rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(rhs, scale, bias, n, k, bl, nr,
+                                                                 kr, sr)
+
+
+for _name in ("rhs_pack_nxk_qsi4cxp_qs4cxs1s0", "rhs_pack_kxn_qsi4cxp_qs4cxs1s0"):
+    @_register_fake(_name)
+    def _rhs_pack_qsi4cxp_fake(rhs, scale, bias, n, k, nr=8, kr=16, sr=2, rhs_zero_point=8):
+        _check_same_device("rhs_pack_qsi4cxp", rhs=rhs, scale=scale, bias=bias)
+        return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr))
+
+for _name in ("rhs_pack_nxk_qsi4c32p_qsu4c32s1s0", "rhs_pack_kxn_qsi4c32p_qsu4c32s1s0"):
+    @_register_fake(_name)
+    def _rhs_pack_qsi4c32p_fake(rhs, scale, bias, n, k, bl, nr=8, kr=16, sr=2):
+        _check_same_device("rhs_pack_qsi4c32p", rhs=rhs, scale=scale, bias=bias)
+        return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr))
+
+
+def lhs_quant_pack_qai8dxp_f32(lhs: torch.Tensor, mr: int = 1, kr: int = 16,
+                               sr: int = 2) -> torch.Tensor:
+    """Quantize f32 activations per row to asymmetric int8 and pack them like KleidiAI.
+
+    Args:
+        lhs: float32 ``[m, k]`` (unit stride along k; finite values).
+        mr: rows interleaved per group; kr, sr: as the RHS (only kr / sr matters here).
+
+    Returns:
+        uint8 ``[lhs_packed_size_qai8dxp(m, k, mr, kr, sr)]``; slots of rows >= m in the last
+        group are 0.
+    """
+    return torch.ops.w4kernels.lhs_quant_pack_qai8dxp_f32(lhs, mr, kr, sr)
+
+
+@_register_fake("lhs_quant_pack_qai8dxp_f32")
+def _lhs_quant_pack_qai8dxp_f32_fake(lhs, mr=1, kr=16, sr=2):
+    m, k = lhs.shape
+    return _kai_packed(lhs, torch.ops.w4kernels.lhs_packed_size_qai8dxp(m, k, mr, kr, sr))
+
+
+def matmul_clamp_f32_qai8dxp_qsi4cxp(lhs_packed: torch.Tensor, rhs_packed: torch.Tensor, m: int,
+                                     n: int, k: int, mr: int = 1, nr: int = 8, kr: int = 16,
+                                     sr: int = 2, clamp_min: Optional[float] = None,
+                                     clamp_max: Optional[float] = None,
+                                     out_dtype: Optional[torch.dtype] = None,
+                                     isa: str = "auto") -> torch.Tensor:
+    """Packed int8 LHS (qai8dxp) times packed per-channel int4 RHS (qsi4cxp) -> ``[m, n]``.
+
+    KleidiAI's epilogue: ``iacc = 16*dot + (-zp)*rsum`` (int32), then
+    ``clamp((f32(iacc) * rhs_scale) * lhs_scale + bias, clamp_min, clamp_max)``.
+
+    Args:
+        lhs_packed: uint8 from :func:`lhs_quant_pack_qai8dxp_f32` (same m, k, mr, kr, sr).
+        rhs_packed: uint8 from a qsi4cxp packer (same n, k, nr, kr, sr).
+        clamp_min, clamp_max: None = -FLT_MAX / FLT_MAX.
+        out_dtype: torch.float32 (default) or torch.bfloat16 (the f32 result rounded to nearest).
+        isa: kernel path, see the section comment.
+    """
+    return torch.ops.w4kernels.matmul_clamp_f32_qai8dxp_qsi4cxp(
+        lhs_packed, rhs_packed, m, n, k, mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa)
+
+
+def matmul_clamp_f32_qai8dxp_qsi4c32p(lhs_packed: torch.Tensor, rhs_packed: torch.Tensor, m: int,
+                                      n: int, k: int, bl: int, mr: int = 1, nr: int = 8,
+                                      kr: int = 16, sr: int = 2,
+                                      clamp_min: Optional[float] = None,
+                                      clamp_max: Optional[float] = None,
+                                      out_dtype: Optional[torch.dtype] = None,
+                                      isa: str = "auto") -> torch.Tensor:
+    """Packed int8 LHS (qai8dxp) times packed per-block int4 RHS (qsi4c32p) -> ``[m, n]``.
+
+    KleidiAI's epilogue: ``acc = fma(f32(16*dot_j), s_j/16, acc)`` over K blocks j, then
+    ``acc = fma(rsum, f32(-zp), acc)``; out = ``clamp(acc * lhs_scale + bias)``.
+    Arguments as :func:`matmul_clamp_f32_qai8dxp_qsi4cxp` plus ``bl``.
+    """
+    return torch.ops.w4kernels.matmul_clamp_f32_qai8dxp_qsi4c32p(
+        lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa)
+
+
+def _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype):
+    _check_same_device("matmul_clamp_f32_qai8dxp", lhs_packed=lhs_packed, rhs_packed=rhs_packed)
+    torch._check(lhs_packed.dtype == torch.uint8 and rhs_packed.dtype == torch.uint8,
+                 lambda: "lhs_packed and rhs_packed must be uint8")
+    return lhs_packed.new_empty((m, n), dtype=out_dtype or torch.float32)
+
+
+@_register_fake("matmul_clamp_f32_qai8dxp_qsi4cxp")
+def _matmul_qsi4cxp_fake(lhs_packed, rhs_packed, m, n, k, mr=1, nr=8, kr=16, sr=2,
+                         clamp_min=None, clamp_max=None, out_dtype=None, isa="auto"):
+    torch._check(rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr),
+                 lambda: "matmul_clamp_f32_qai8dxp_qsi4cxp: rhs_packed has the wrong size")
+    return _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype)
+
+
+@_register_fake("matmul_clamp_f32_qai8dxp_qsi4c32p")
+def _matmul_qsi4c32p_fake(lhs_packed, rhs_packed, m, n, k, bl, mr=1, nr=8, kr=16, sr=2,
+                          clamp_min=None, clamp_max=None, out_dtype=None, isa="auto"):
+    torch._check(
+        rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr),
+        lambda: "matmul_clamp_f32_qai8dxp_qsi4c32p: rhs_packed has the wrong size")
+    return _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype)
+
+
+def dyn_quant_pack_4bit_weight(weights: torch.Tensor, scales_zeros: torch.Tensor,
+                               bias: Optional[torch.Tensor], block_size: int, in_features: int,
+                               out_features: int) -> torch.Tensor:
+    """Drop-in for ``torch.ops.aten._dyn_quant_pack_4bit_weight`` (same arguments).
+
+    Args:
+        weights: uint8 ``[out_features, in_features/2]``, q in 0..15 (value q - 8), low nibble
+            = even k.
+        scales_zeros: per-channel (``block_size == in_features``): float32 (or bfloat16)
+            ``[out_features]`` / ``[out_features, 1]``; per-block: bfloat16
+            ``[out_features, in_features/block_size]``.
+        bias: float32 ``[out_features]`` or None (PyTorch's x86 fallback rejects a bias; its
+            KleidiAI path and this op accept one).
+        block_size: in_features, or a multiple of 32 dividing in_features.
+
+    Returns:
+        uint8 KleidiAI buffer (nr=8, kr=16, sr=2): qsi4cxp or qsi4c32p.
+    """
+    return torch.ops.w4kernels.dyn_quant_pack_4bit_weight(weights, scales_zeros, bias, block_size,
+                                                          in_features, out_features)
+
+
+@_register_fake("dyn_quant_pack_4bit_weight")
+def _dyn_quant_pack_4bit_weight_fake(weights, scales_zeros, bias, block_size, in_features,
+                                     out_features):
+    if block_size == in_features:
+        size = torch.ops.w4kernels.rhs_packed_size_qsi4cxp(out_features, in_features, 8, 16, 2)
+    else:
+        size = torch.ops.w4kernels.rhs_packed_size_qsi4c32p(out_features, in_features,
+                                                            block_size, 8, 16, 2)
+    return _kai_packed(weights, size)
+
+
+def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block_size: int,
+                          in_features: int, out_features: int,
+                          isa: str = "auto") -> torch.Tensor:
+    """Drop-in for ``torch.ops.aten._dyn_quant_matmul_4bit``: quantize ``inp`` per row to int8
+    (qai8dxp), multiply by the packed weight, add the bias.
+
+    Args:
+        inp: float32 or bfloat16 ``[..., in_features]``; the result has inp's dtype.
+        packed_weights: from :func:`dyn_quant_pack_4bit_weight` with the same sizes.
+
+    Returns:
+        ``[..., out_features]``.
+    """
+    return torch.ops.w4kernels.dyn_quant_matmul_4bit(inp, packed_weights, block_size,
+                                                     in_features, out_features, isa)
+
+
+@_register_fake("dyn_quant_matmul_4bit")
+def _dyn_quant_matmul_4bit_fake(inp, packed_weights, block_size, in_features, out_features,
+                                isa="auto"):
+    _check_same_device("dyn_quant_matmul_4bit", inp=inp, packed_weights=packed_weights)
+    return inp.new_empty((*inp.shape[:-1], out_features))
+
+
+def kleidiai_isa(isa: str = "auto") -> str:
+    """The kernel path ``isa`` resolves to on this CPU (raises if the CPU lacks it)."""
+    return torch.ops.w4kernels.kleidiai_isa(isa)
+
+
+def kleidiai_isas() -> list:
+    """Every kernel path this CPU can run, best last (for tests and benchmarks)."""
+    out = []
+    for name in ("scalar", "avx2", "avxvnni", "avx512"):
+        try:
+            out.append(kleidiai_isa(name))
+        except RuntimeError:
+            pass
+    return out

@@ -252,3 +252,349 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
     if b_bias is not None:
         out = out + b_bias.double()
     return out
+
+
+# ---- KleidiAI ---------------------------------------------------------------------------------
+#
+# KleidiAI packed layouts: see KAI_LAYOUT (also appended to each packer's docstring).
+
+import torch  # noqa: E402  (kept local to this section so it stands alone)
+
+
+KAI_LAYOUT = """KleidiAI packed layouts (the spec of every ``rhs_pack_*`` / ``lhs_quant_pack_*`` below).
+
+    KleidiAI's int4 formats (ARM-software/kleidiai, "kai" below), written from the layout
+    formulas. Vocabulary: RHS = the N x K weight, LHS = the M x K activation; nr rows of N are
+    packed together, a row's K values go out kr at a time over sr steps, so one *segment* is
+    B = kr / sr bytes; bl is the K block of per-block scales; mr LHS rows are interleaved.
+    K_i = roundup(K, 32) is the padded K of every packed buffer.
+
+    Packed RHS, one nr-block per rows n0 = b*nr .. n0+nr-1 (rows >= N are padding):
+
+      qsi4cxp (per-channel):  [ weights: nr*K_i/2 B | rsum: nr x int32 | scale: nr x f32 | bias: nr x f32 ]
+      qsi4c32p (per-block):   [ per K block j: weights nr*bl/2 B | scale: nr x bf16 ]... [ rsum: nr x f32 | bias: nr x f32 ]
+
+    Weights of one area of L k-values (L = K_i, or bl starting at k = j*bl): byte i, with
+      s = i // B, b = i % B:   row r = s % nr,   kk = (s // nr) * B + b,   k0 = kk + (kk // 16) * 16
+    holds w(n0 + r, k0) in the low nibble and w(n0 + r, k0 + 16) in the high nibble. In CuTe
+    terms, the 32 k of one 16-byte column pair are split k -> (k % 16, k // 16) = (byte, nibble),
+    and the bytes are laid out (B, nr, L/2/B) : (1, B, nr*B) - B bytes of row 0, B of row 1, ...
+    With the defaults (nr, kr, sr) = (8, 16, 2), one 32-k chunk is 128 bytes: rows 0-7 x 8 bytes
+    for k 0-7 / 16-23, then rows 0-7 x 8 bytes for k 8-15 / 24-31.
+    Each nibble is w = q - rhs_zero_point as a two's-complement int4 (q ^ 8 for zero point 8, q
+    as given for zero point 0); k >= K stores 0.
+      rsum (per-channel) = 16 * sum_k w(n, k);  scale = s_n / 16 (the kernels read each nibble
+          as 16 * w);  bias = bias_n or 0.
+      rsum (per-block) = f32 sum, one term per B-byte segment in increasing k, of
+          s_{n,j} * (sum of the segment's 2B values of w);  scale = raw bf16 s_{n,j}.
+    Padded rows: NxK source -> copies of row N-1. KxN source -> the byte of row N-1, but the
+    nibble chosen by the parity of the *unclamped* n (so with even N they alternate between rows
+    N-2 and N-1; with odd N the odd ones read the source's unused pad nibble); scale, bias: row N-1.
+
+    Packed LHS qai8dxp, one mr-group of rows:
+      [ int8 values: mr*K_i B | -zero_point: mr x int32 | 1/scale: mr x f32 ]
+      value (r, k) of the group at byte ((k // B) * mr + r) * B + k % B; k >= K repeats x[K-1].
+"""
+
+
+def _kai_check_nr_kr_sr(nr, kr, sr):
+    if not (1 <= nr <= 256) or kr < 1 or sr < 1 or kr % sr or 16 % (kr // sr):
+        raise ValueError(f"nr={nr}, kr={kr}, sr={sr}: need 1 <= nr <= 256, kr % sr == 0 and "
+                         "kr / sr dividing 16")
+
+
+def _kai_roundup(a, b):
+    return (a + b - 1) // b * b
+
+
+def rhs_packed_size_qsi4cxp(n: int, k: int, nr: int = 8, kr: int = 16, sr: int = 2) -> int:
+    """Bytes of a per-channel packed RHS: ceil(n/nr) blocks of nr * (K_i/2 + 12)."""
+    _kai_check_nr_kr_sr(nr, kr, sr)
+    return _kai_roundup(n, nr) // nr * nr * (_kai_roundup(k, 32) // 2 + 12)
+
+
+def rhs_packed_size_qsi4c32p(n: int, k: int, bl: int, nr: int = 8, kr: int = 16,
+                             sr: int = 2) -> int:
+    """Bytes of a per-block packed RHS: ceil(n/nr) blocks of nr * ((bl/2 + 2) * K/bl + 8)."""
+    _kai_check_nr_kr_sr(nr, kr, sr)
+    return _kai_roundup(n, nr) // nr * nr * ((bl // 2 + 2) * (_kai_roundup(k, bl) // bl) + 8)
+
+
+def lhs_packed_size_qai8dxp(m: int, k: int, mr: int = 1, kr: int = 16, sr: int = 2) -> int:
+    """Bytes of a packed LHS: ceil(m/mr) groups of mr * (K_i + 8)."""
+    return _kai_roundup(m, mr) // mr * mr * (_kai_roundup(k, 32) + 8)
+
+
+def _kai_source_codes(rhs, n, k, kxn, n_pad, k_pad, pad_code):
+    """uint4 codes [n_pad, k_pad] of the source, with KleidiAI's row and K padding rules."""
+    nib = torch.stack([rhs & 0x0F, rhs >> 4], dim=-1).reshape(rhs.shape[0], -1).long()
+    rows = torch.arange(n_pad)
+    clamped = rows.clamp(max=n - 1)
+    ks = torch.arange(k_pad)
+    kc = ks.clamp(max=k - 1)
+    if kxn:  # nib[k, j]: element n = j; padded rows keep their own parity
+        codes = nib[kc[None, :], (2 * (clamped // 2) + rows % 2)[:, None]]
+    else:
+        codes = nib[clamped[:, None], kc[None, :]]
+    return torch.where(ks[None, :] < k, codes, torch.full_like(codes, pad_code))
+
+
+def _kai_weight_index(nr, kr, sr, area_k):
+    """(row, k0) of every byte of one nr-block weight area of area_k k-values."""
+    seg = kr // sr
+    i = torch.arange(nr * area_k // 2)
+    s, b = i // seg, i % seg
+    kk = (s // nr) * seg + b
+    return s % nr, kk + (kk // 16) * 16
+
+
+def _kai_signed4(v):
+    return torch.where(v >= 8, v - 16, v)
+
+
+def _kai_bytes(t):
+    return t.contiguous().view(torch.uint8).flatten()
+
+
+def _kai_rhs_pack_qsi4cxp(rhs, scale, bias, n, k, nr, kr, sr, rhs_zero_point, kxn):
+    _kai_check_nr_kr_sr(nr, kr, sr)
+    k_i, n_p = _kai_roundup(k, 32), _kai_roundup(n, nr)
+    codes = _kai_source_codes(rhs, n, k, kxn, n_p, k_i, rhs_zero_point)
+    stored = codes ^ 8 if rhs_zero_point == 8 else codes  # nibble = two's-complement q - zp
+    w = _kai_signed4(stored)
+    r, k0 = _kai_weight_index(nr, kr, sr, k_i)
+    rows_clamped = torch.arange(n_p).clamp(max=n - 1)
+    out = []
+    for blk in range(n_p // nr):
+        rows = blk * nr + r
+        out.append((stored[rows, k0] | (stored[rows, k0 + 16] << 4)).to(torch.uint8))
+        sl = slice(blk * nr, blk * nr + nr)
+        out.append(_kai_bytes((16 * w[sl].sum(1)).to(torch.int32)))
+        out.append(_kai_bytes(scale[rows_clamped[sl]] * 0.0625))
+        out.append(_kai_bytes(bias[rows_clamped[sl]] if bias is not None
+                              else torch.zeros(nr, dtype=torch.float32)))
+    return torch.cat(out)
+
+
+def rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs, scale, bias, n, k, nr=8, kr=16, sr=2,
+                                   rhs_zero_point=8):
+    """Per-channel int4 RHS from an N x K source -> KleidiAI qsi4cxp bytes (layout above).
+
+    rhs: uint8 [n, ceil(k/2)], element (n, k) in byte k // 2, low nibble for even k ("s1s0").
+    scale: f32 [n]; bias: f32 [n] or None; rhs_zero_point: 8 (q in 0..15) or 0 (signed int4).
+    """
+    return _kai_rhs_pack_qsi4cxp(rhs, scale, bias, n, k, nr, kr, sr, rhs_zero_point, False)
+
+
+def rhs_pack_kxn_qsi4cxp_qs4cxs1s0(rhs, scale, bias, n, k, nr=8, kr=16, sr=2,
+                                   rhs_zero_point=8):
+    """As :func:`rhs_pack_nxk_qsi4cxp_qs4cxs1s0` from a K x N source: uint8 [k, ceil(n/2)],
+    element (k, n) in byte n // 2, low nibble for even n."""
+    return _kai_rhs_pack_qsi4cxp(rhs, scale, bias, n, k, nr, kr, sr, rhs_zero_point, True)
+
+
+def _kai_rhs_pack_qsi4c32p(rhs, scale, bias, n, k, bl, nr, kr, sr, kxn):
+    _kai_check_nr_kr_sr(nr, kr, sr)
+    if nr % 4 or bl % 32 or bl % kr or k % bl:
+        raise ValueError(f"nr={nr}, bl={bl}, kr={kr}, k={k}: need nr % 4 == 0, bl % 32 == 0, "
+                         "bl % kr == 0 and k % bl == 0")
+    seg = kr // sr
+    n_p, nkb = _kai_roundup(n, nr), k // bl
+    stored = _kai_source_codes(rhs, n, k, kxn, n_p, k, 8) ^ 8
+    w = _kai_signed4(stored)
+    r, k0 = _kai_weight_index(nr, kr, sr, bl)
+    rows_clamped = torch.arange(n_p).clamp(max=n - 1)
+    s_f32 = scale.float()
+    out = []
+    for blk in range(n_p // nr):
+        rows = torch.arange(blk * nr, blk * nr + nr)
+        src = rows_clamped[rows]
+        rsum = torch.zeros(nr, dtype=torch.float32)
+        for j in range(nkb):
+            out.append((stored[blk * nr + r, j * bl + k0]
+                        | (stored[blk * nr + r, j * bl + k0 + 16] << 4)).to(torch.uint8))
+            out.append(_kai_bytes(scale[src, j]))
+            # One f32 add per B-byte segment, in increasing k (each segment sum is exact).
+            for sup in range(bl // 2 // seg):
+                kk = sup * seg + torch.arange(seg)
+                kseg = j * bl + kk + (kk // 16) * 16
+                seg_sum = (w[rows][:, kseg] + w[rows][:, kseg + 16]).sum(1)
+                rsum = rsum + seg_sum.float() * s_f32[src, j]
+        out.append(_kai_bytes(rsum))
+        out.append(_kai_bytes(bias[src] if bias is not None
+                              else torch.zeros(nr, dtype=torch.float32)))
+    return torch.cat(out)
+
+
+def rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(rhs, scale, bias, n, k, bl, nr=8, kr=16, sr=2):
+    """Per-block (bl) uint4 RHS (zero point 8) from an N x K source -> KleidiAI qsi4c32p bytes.
+
+    rhs: uint8 [n, k/2] ("s1s0": low nibble = even k); scale: bf16 [n, k/bl]; bias f32 [n]/None.
+    """
+    return _kai_rhs_pack_qsi4c32p(rhs, scale, bias, n, k, bl, nr, kr, sr, False)
+
+
+def rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(rhs, scale, bias, n, k, bl, nr=8, kr=16, sr=2):
+    """As :func:`rhs_pack_nxk_qsi4c32p_qsu4c32s1s0` from a K x N source uint8 [k, ceil(n/2)]."""
+    return _kai_rhs_pack_qsi4c32p(rhs, scale, bias, n, k, bl, nr, kr, sr, True)
+
+
+def _kai_roundf(v):
+    """C roundf (ties away from zero) on a float32 tensor, exactly: trunc plus a correction."""
+    t = torch.trunc(v)
+    d = v - t
+    return t + (d >= 0.5).float() - (d <= -0.5).float()
+
+
+def lhs_quant_pack_qai8dxp_f32(lhs, mr=1, kr=16, sr=2):
+    """f32 [m, k] -> KleidiAI qai8dxp bytes: per-row asymmetric int8, mr rows interleaved.
+
+    Per row (all f32, each op rounded on its own): rmin = min(0, min x), rmax = max(0, max x);
+    scale = 255 / (rmax - rmin) (1 if equal); zp = clamp(-128 - rmin*scale if
+    (-128 + rmin*scale) + (127 + rmax*scale) > 0 else 127 - rmax*scale, -128, 127), rounded
+    half-to-even; q = clamp(roundf(x * scale) + zp, -128, 127) with roundf ties away from zero.
+    Stored: q, then -zp (int32) and 1/scale (f32). Slots of rows >= m stay 0.
+    """
+    m, k = lhs.shape
+    seg, k_i = kr // sr, _kai_roundup(k, 32)
+    groups = _kai_roundup(m, mr) // mr
+    buf = torch.zeros(groups, mr * k_i + 8 * mr, dtype=torch.uint8)
+    x = lhs.float()
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    for row in range(m):
+        xr = x[row]
+        rmin = torch.minimum(xr.min(), f32(0.0))
+        rmax = torch.maximum(xr.max(), f32(0.0))
+        scale = f32(1.0) if rmin == rmax else f32(255.0) / (rmax - rmin)
+        recip = f32(1.0) / scale
+        dmin, dmax = rmin * scale, rmax * scale
+        zp = (f32(-128.0) - dmin) if ((f32(-128.0) + dmin) + (f32(127.0) + dmax)) > 0 \
+            else (f32(127.0) - dmax)
+        zp = int(torch.round(zp.clamp(-128.0, 127.0)))
+        xp = torch.cat([xr, xr[-1:].expand(k_i - k)])
+        q = (_kai_roundf(xp * scale).clamp(-65536, 65536).int() + zp).clamp(-128, 127)
+        g, r = divmod(row, mr)
+        segs = q.to(torch.int8).view(torch.uint8).reshape(k_i // seg, seg)
+        area = buf[g, : mr * k_i].view(k_i // seg, mr, seg)
+        area[:, r, :] = segs
+        buf[g, mr * k_i + 4 * r: mr * k_i + 4 * r + 4] = _kai_bytes(torch.tensor([-zp], dtype=torch.int32))
+        buf[g, mr * k_i + 4 * mr + 4 * r: mr * k_i + 4 * mr + 4 * r + 4] = _kai_bytes(recip.reshape(1))
+    return buf.flatten()
+
+
+def kai_unpack_lhs_qai8dxp(lhs_packed, m, k, mr=1, kr=16, sr=2):
+    """Packed LHS -> (q int32 [m, K_i], offset = -zp int32 [m], recip_scale f32 [m])."""
+    seg, k_i = kr // sr, _kai_roundup(k, 32)
+    g = lhs_packed.reshape(-1, mr * k_i + 8 * mr)
+    vals = g[:, : mr * k_i].view(torch.int8).reshape(-1, k_i // seg, mr, seg)
+    q = vals.permute(0, 2, 1, 3).reshape(-1, k_i)[:m].int()
+    off = g[:, mr * k_i: mr * k_i + 4 * mr].contiguous().view(torch.int32).reshape(-1)[:m]
+    rs = g[:, mr * k_i + 4 * mr:].contiguous().view(torch.float32).reshape(-1)[:m]
+    return q, off, rs
+
+
+def kai_unpack_rhs(rhs_packed, n, k, nr=8, kr=16, sr=2, bl=0):
+    """Packed RHS -> dict(w int32 [N, K_i] signed int4, rsum, scale [N] or [N, K/bl], bias).
+
+    Inverts the weight formula above; per-block scale is returned as f32 (bf16 values).
+    """
+    k_i = _kai_roundup(k, 32)
+    area = k_i if bl == 0 else bl
+    nkb = 1 if bl == 0 else k // bl
+    r, k0 = _kai_weight_index(nr, kr, sr, area)
+    n_p = _kai_roundup(n, nr)
+    blocks = rhs_packed.reshape(n_p // nr, -1)
+    w = torch.zeros(n_p, nkb * area, dtype=torch.int32)
+    scales = torch.zeros(n_p, nkb, dtype=torch.float32)
+    pos = 0
+    for j in range(nkb):
+        wb = blocks[:, pos: pos + nr * area // 2].int()
+        pos += nr * area // 2
+        rows = torch.arange(n_p // nr)[:, None] * nr + r[None, :]
+        w[rows, j * area + k0[None, :]] = _kai_signed4(wb & 0x0F)
+        w[rows, j * area + k0[None, :] + 16] = _kai_signed4(wb >> 4)
+        if bl:
+            scales[:, j] = blocks[:, pos: pos + 2 * nr].contiguous().view(torch.bfloat16).reshape(-1).float()
+            pos += 2 * nr
+    tail = blocks[:, pos:].contiguous()
+    if bl == 0:
+        rsum = tail[:, : 4 * nr].contiguous().view(torch.int32).reshape(-1)
+        scales = tail[:, 4 * nr: 8 * nr].contiguous().view(torch.float32).reshape(-1, 1)
+        bias = tail[:, 8 * nr:].contiguous().view(torch.float32).reshape(-1)
+    else:
+        rsum = tail[:, : 4 * nr].contiguous().view(torch.float32).reshape(-1)
+        bias = tail[:, 4 * nr:].contiguous().view(torch.float32).reshape(-1)
+    return dict(w=w[:n], rsum=rsum[:n], scale=scales[:n], bias=bias[:n])
+
+
+def _kai_matmul(lhs_packed, rhs_packed, m, n, k, mr, nr, kr, sr, bl, clamp_min, clamp_max):
+    q, off, lhs_scale = kai_unpack_lhs_qai8dxp(lhs_packed, m, k, mr, kr, sr)
+    rhs = kai_unpack_rhs(rhs_packed, n, k, nr, kr, sr, bl)
+    lo = -3.4028234663852886e38 if clamp_min is None else clamp_min
+    hi = 3.4028234663852886e38 if clamp_max is None else clamp_max
+    if bl == 0:
+        dot = q.long() @ rhs["w"].long().T  # exact integer dot products
+        iacc = (16 * dot + off.long()[:, None] * rhs["rsum"].long()[None, :]).int()
+        v = iacc.float() * rhs["scale"].reshape(1, -1)
+    else:
+        # acc = fma(float(16 * dot_j), s_j / 16, acc) per block, then fma(rsum, offset, acc).
+        # Evaluated as f64 (exact product) rounded to f32: this can differ from a true fma
+        # by double rounding, an ulp at most, and only in rare ties.
+        acc = torch.zeros(m, n, dtype=torch.float32)
+        for j in range(k // bl):
+            dot = q[:, j * bl:(j + 1) * bl].long() @ rhs["w"][:, j * bl:(j + 1) * bl].long().T
+            d = (rhs["scale"][:, j] * 0.0625).double()
+            acc = ((16 * dot).float().double() * d[None, :] + acc.double()).float()
+        v = (rhs["rsum"].double()[None, :] * off.float().double()[:, None] + acc.double()).float()
+    v = v * lhs_scale[:, None]
+    v = v + rhs["bias"][None, :]
+    return torch.clamp(v, lo, hi)
+
+
+def matmul_clamp_f32_qai8dxp_qsi4cxp(lhs_packed, rhs_packed, m, n, k, mr=1, nr=8, kr=16, sr=2,
+                                     clamp_min=None, clamp_max=None):
+    """KleidiAI's per-channel epilogue: iacc = 16*dot + (-zp)*rsum (int32);
+    out = clamp((f32(iacc) * rhs_scale) * lhs_scale + bias), each op rounded to f32."""
+    return _kai_matmul(lhs_packed, rhs_packed, m, n, k, mr, nr, kr, sr, 0, clamp_min, clamp_max)
+
+
+def matmul_clamp_f32_qai8dxp_qsi4c32p(lhs_packed, rhs_packed, m, n, k, bl, mr=1, nr=8, kr=16,
+                                      sr=2, clamp_min=None, clamp_max=None):
+    """KleidiAI's per-block epilogue (see _kai_matmul); output f32 [m, n]."""
+    return _kai_matmul(lhs_packed, rhs_packed, m, n, k, mr, nr, kr, sr, bl, clamp_min, clamp_max)
+
+
+def kai_matmul_dequantized_f64(lhs_packed, rhs_packed, m, n, k, mr=1, nr=8, kr=16, sr=2, bl=0):
+    """float64 x_deq @ w_deq.T + bias from the packed operands' own values: the exact product
+    the kernels approximate (x_deq = (q - zp) / scale_lhs, w_deq = w * s)."""
+    q, off, lhs_scale = kai_unpack_lhs_qai8dxp(lhs_packed, m, k, mr, kr, sr)
+    rhs = kai_unpack_rhs(rhs_packed, n, k, nr, kr, sr, bl)
+    x = (q.double() + off.double()[:, None]) * lhs_scale.double()[:, None]
+    if bl == 0:
+        w = rhs["w"].double() * (rhs["scale"].double() * 16)  # stored scale is s / 16
+    else:
+        w = rhs["w"].double() * rhs["scale"].double().repeat_interleave(bl, dim=1)
+    return x @ w.T + rhs["bias"].double()[None, :]
+
+
+def dyn_quant_matmul_4bit_f64(inp, weights, scales_zeros, bias, block_size, in_features,
+                              out_features):
+    """float64 model of torch.ops.aten._dyn_quant_matmul_4bit from the *unpacked* inputs:
+    the LHS quantized as qai8dxp, the weight (q - 8) * scale with q = low nibble for even k."""
+    k, n = in_features, out_features
+    x = inp.reshape(-1, k).float()
+    lp = lhs_quant_pack_qai8dxp_f32(x, 1, 16, 2)
+    q, off, ls = kai_unpack_lhs_qai8dxp(lp, x.shape[0], k, 1, 16, 2)
+    xd = (q[:, :k].double() + off.double()[:, None]) * ls.double()[:, None]
+    codes = torch.stack([weights & 0x0F, weights >> 4], -1).reshape(n, k).double() - 8
+    s = scales_zeros.double().reshape(n, -1).repeat_interleave(block_size, dim=1)
+    out = xd @ (codes * s).T
+    if bias is not None:
+        out = out + bias.double()
+    return out.reshape(*inp.shape[:-1], n)
+
+
+for _fn in (rhs_pack_nxk_qsi4cxp_qs4cxs1s0, rhs_pack_kxn_qsi4cxp_qs4cxs1s0,
+            rhs_pack_nxk_qsi4c32p_qsu4c32s1s0, rhs_pack_kxn_qsi4c32p_qsu4c32s1s0,
+            lhs_quant_pack_qai8dxp_f32):
+    _fn.__doc__ = (_fn.__doc__ or "") + "\n\n    " + KAI_LAYOUT.replace("\n", "\n    ")
