@@ -13,15 +13,15 @@ namespace w4k {
 
 // Operands of launch_w4a16_gemm, each a tensor kept alive here (copies made for alignment).
 struct W4a16LaunchTensors {
-  at::Tensor a;           // rows 16-byte aligned (cp.async): row stride % 8 == 0
-  at::Tensor b_q_weight;  // 16-byte aligned
-  at::Tensor b_scales;    // 16-byte aligned (a lane loads its 8 scales of a group at once)
-  at::Tensor g_idx, perm; // undefined without act-order; g_idx 16-byte aligned
-  at::Tensor a_perm;      // [M, K] scratch for a[:, perm] (act-order)
-  at::Tensor out;         // [M, N]
+  at::Tensor a;                  // rows 16-byte aligned (cp.async): row stride % 8 == 0
+  at::Tensor b_q_weight;         // 16-byte aligned
+  at::Tensor b_scales;           // 16-byte aligned (a lane loads its 8 scales of a group at once)
+  at::Tensor g_idx, perm;        // undefined without act-order; g_idx 16-byte aligned
+  at::Tensor a_perm;             // [M, K] scratch for a[:, perm] (act-order)
+  at::Tensor out;                // [M, N]
   int64_t stages_per_split = 0;  // split-K slices of K (>= ceil(K / 64): no split)
-  at::Tensor c_tmp;       // [M, N] fp32 split-K partial sums (undefined without a split)
-  int* locks = nullptr;   // the workspace: one zeroed lock per (64 columns, block row)
+  at::Tensor c_tmp;              // [M, N] fp32 split-K partial sums (undefined without a split)
+  int* locks = nullptr;          // the workspace: one zeroed lock per (64 columns, block row)
 };
 
 inline at::Tensor w4a16_aligned16(const at::Tensor& t) {
@@ -40,7 +40,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   t.out = at::empty({size_m, size_n}, a.options());
   if (size_m == 0) return t;
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;
-  t.a = a_ok ? a : a.contiguous().clone();
+  t.a = a_ok ? a : w4a16_aligned16(a.contiguous());  // copied if strided or misaligned
   t.b_q_weight = w4a16_aligned16(b_q_weight);
   t.b_scales = w4a16_aligned16(b_scales);
   if (args.has_act_order) {

@@ -30,8 +30,8 @@ cudaError_t launch_typed(const W4a16LaunchTensors& t, const std::optional<at::Te
       args.has_act_order ? t.g_idx.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
-      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()),
-      size_m, size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
+      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
+      size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
       t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, stream);
 }
 
@@ -51,18 +51,17 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(a.device());
   const int64_t target_blocks = 2 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace,
-                                             args, size_m, size_n, size_k, target_blocks);
+  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
+                                             size_m, size_n, size_k, target_blocks);
   if (size_m == 0) return t.out;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err =
       a.scalar_type() == at::kHalf
-          ? launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n,
-                                         size_k, stream)
-          : launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
-                                                      size_n, size_k, stream);
-  TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: CUDA kernel launch failed: ",
-              cudaGetErrorString(err));
+          ? launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k, stream)
+          : launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m, size_n,
+                                                      size_k, stream);
+  TORCH_CHECK(err == cudaSuccess,
+              "w4a16_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
   return t.out;
 }
 

@@ -44,11 +44,11 @@
 namespace w4k {
 namespace w4a16 {
 
-constexpr int kThreads = 128;       // 4 warps
-constexpr int kTileN = 64;          // output columns per block: one Marlin chunk
-constexpr int kTileK = 64;          // K rows per pipeline stage: one 16-row k-tile per warp
-constexpr int kStages = 4;          // stages in flight (cp.async groups)
-constexpr int kBTileBytes = 512;    // one 16 x 64 Marlin block: 128 words
+constexpr int kThreads = 128;     // 4 warps
+constexpr int kTileN = 64;        // output columns per block: one Marlin chunk
+constexpr int kTileK = 64;        // K rows per pipeline stage: one 16-row k-tile per warp
+constexpr int kStages = 4;        // stages in flight (cp.async groups)
+constexpr int kBTileBytes = 512;  // one 16 x 64 Marlin block: 128 words
 constexpr int kARowBytes = kTileK * 2;
 constexpr int kLocksPerNBlock = 16;  // workspace: one lock per (64-column block, block row)
 
@@ -80,8 +80,7 @@ struct Dtype<half> {
   using T2 = half2;
   // half2(1024, 1024): OR-ing a nibble into mantissa bits 0..3 gives 1024 + q exactly.
   static constexpr uint32_t kMagic = 0x64006400u;
-  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2],
-                                             float c[4]) {
+  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2], float c[4]) {
     ptx::mma_m16n8k16_f16f32(a, b, c);
   }
   __device__ __forceinline__ static T2 pack(float lo, float hi) {
@@ -96,16 +95,13 @@ struct Dtype<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   // bfloat162(128, 128): 7 mantissa bits, so 128 + q (q < 16) is exact too.
   static constexpr uint32_t kMagic = 0x43004300u;
-  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2],
-                                             float c[4]) {
+  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2], float c[4]) {
     ptx::mma_m16n8k16_bf16f32(a, b, c);
   }
   __device__ __forceinline__ static T2 pack(float lo, float hi) {
     return __floats2bfloat162_rn(lo, hi);
   }
-  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-  }
+  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ __forceinline__ static __nv_bfloat16 from_float(float x) {
     return __float2bfloat16_rn(x);
   }
@@ -133,21 +129,21 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, int p, uint32_t zer
 }
 
 struct GemmParams {
-  const void* a;                 // [M, K] in T, row stride lda elements (lda % 8 == 0)
+  const void* a;  // [M, K] in T, row stride lda elements (lda % 8 == 0)
   int64_t lda;
-  const uint32_t* b_q_weight;    // [K/16, 2N] Marlin
-  const uint16_t* b_scales;      // [G, N] in T (bit patterns), Marlin-permuted, 16-byte aligned
-  const uint32_t* b_zeros;       // [G, N/8] Marlin zero points, or nullptr (z = 8)
-  const int32_t* g_idx;          // [K] sorted group of each row, or nullptr (r / group_size)
-  const void* b_bias;            // [N] in T, or nullptr
-  void* c;                       // [M, N] in T
+  const uint32_t* b_q_weight;  // [K/16, 2N] Marlin
+  const uint16_t* b_scales;    // [G, N] in T (bit patterns), Marlin-permuted, 16-byte aligned
+  const uint32_t* b_zeros;     // [G, N/8] Marlin zero points, or nullptr (z = 8)
+  const int32_t* g_idx;        // [K] sorted group of each row, or nullptr (r / group_size)
+  const void* b_bias;          // [N] in T, or nullptr
+  void* c;                     // [M, N] in T
   int64_t size_m, size_n, size_k;
-  int64_t num_groups;            // G
-  int64_t group_size;            // rows per group without g_idx
+  int64_t num_groups;  // G
+  int64_t group_size;  // rows per group without g_idx
   // Split-K: gridDim.z splits of stages_per_split stages each (1: no split, c_tmp/locks unused).
   int64_t stages_per_split;
-  float* c_tmp;                  // [M, N] fp32 partial sums
-  int* locks;                    // [N/64 * kLocksPerNBlock], zero on entry, zero on exit
+  float* c_tmp;  // [M, N] fp32 partial sums
+  int* locks;    // [N/64 * kLocksPerNBlock], zero on entry, zero on exit
 };
 
 // Block-wide barrier (bar.sync 0 over all threads, what __syncthreads compiles to). Used instead
@@ -157,8 +153,8 @@ __device__ __forceinline__ void block_sync() { ptx::barrier_sync(0, kThreads); }
 
 // Issues the cp.async copies of stage tile s into `st`; the caller commits the group.
 template <typename T, int kMBlocks>
-__device__ __forceinline__ void fetch_stage(char* st, const GemmParams& p, int64_t s,
-                                            int64_t m0, int64_t n_blk) {
+__device__ __forceinline__ void fetch_stage(char* st, const GemmParams& p, int64_t s, int64_t m0,
+                                            int64_t n_blk) {
   using L = StageLayout<kMBlocks>;
   const int t = threadIdx.x;
   const int64_t k0 = s * kTileK;
@@ -263,8 +259,8 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
   // This split's stages [s_begin, s_end).
   const int64_t s_begin = static_cast<int64_t>(blockIdx.z) * p.stages_per_split;
   const int64_t s_end_all = (p.size_k + kTileK - 1) / kTileK;
-  const int64_t s_end = s_begin + p.stages_per_split < s_end_all ? s_begin + p.stages_per_split
-                                                                  : s_end_all;
+  const int64_t s_end =
+      s_begin + p.stages_per_split < s_end_all ? s_begin + p.stages_per_split : s_end_all;
   const int64_t num_stages = s_end - s_begin;
 
   float acc[kMBlocks][8][4];
@@ -341,8 +337,7 @@ __global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p
         const int e = 2 * j + h;
         uint32_t frag_b[2];
         frag_b[0] = dequant_pair<T>(w4[j], 2 * h, scales.zero_magic[e][0], scales.scale[e][0]);
-        frag_b[1] = dequant_pair<T>(w4[j], 2 * h + 1, scales.zero_magic[e][1],
-                                    scales.scale[e][1]);
+        frag_b[1] = dequant_pair<T>(w4[j], 2 * h + 1, scales.zero_magic[e][1], scales.scale[e][1]);
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb) D::mma(frag_a[mb], frag_b, acc[mb][e]);
       }
@@ -495,10 +490,14 @@ template <typename T>
 cudaError_t launch_gemm(const GemmParams& p, cudaStream_t stream) {
   // Tile height by M (Marlin's m_blocks): one block row covers up to 64 rows of M.
   switch (tile_rows(p.size_m)) {
-    case 16: return launch_gemm_tile<T, 1>(p, stream);
-    case 32: return launch_gemm_tile<T, 2>(p, stream);
-    case 48: return launch_gemm_tile<T, 3>(p, stream);
-    default: return launch_gemm_tile<T, 4>(p, stream);
+    case 16:
+      return launch_gemm_tile<T, 1>(p, stream);
+    case 32:
+      return launch_gemm_tile<T, 2>(p, stream);
+    case 48:
+      return launch_gemm_tile<T, 3>(p, stream);
+    default:
+      return launch_gemm_tile<T, 4>(p, stream);
   }
 }
 
@@ -533,8 +532,8 @@ cudaError_t launch_w4a16_gemm(const T* a, int64_t lda, const uint32_t* b_q_weigh
   p.lda = lda;
   if (perm != nullptr) {
     auto* permute = &w4a16::permute_cols_kernel<T>;
-    W4K_LAUNCH(permute, dim3(static_cast<unsigned>(size_m)), dim3(w4a16::kThreads), 0, stream,
-               a, lda, perm, a_perm_tmp, size_k);
+    W4K_LAUNCH(permute, dim3(static_cast<unsigned>(size_m)), dim3(w4a16::kThreads), 0, stream, a,
+               lda, perm, a_perm_tmp, size_k);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     p.a = a_perm_tmp;

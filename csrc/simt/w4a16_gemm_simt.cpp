@@ -33,8 +33,8 @@ cudaError_t launch_typed(const W4a16LaunchTensors& t, const std::optional<at::Te
       args.has_act_order ? t.g_idx.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
       args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
-      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()),
-      size_m, size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
+      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
+      size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
       t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, simt_binding::kNoStream);
 }
 
@@ -49,16 +49,15 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
   const W4a16GemmArgs args =
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
-  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace,
-                                             args, size_m, size_n, size_k, kSimtTargetBlocks);
+  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
+                                             size_m, size_n, size_k, kSimtTargetBlocks);
   if (size_m == 0) return t.out;
   simt_binding::run_simt("w4a16_gemm", [&] {
     if (a.scalar_type() == at::kHalf) {
-      return launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n,
-                                          size_k);
+      return launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k);
     }
-    return launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
-                                                     size_n, size_k);
+    return launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m, size_n,
+                                                     size_k);
   });
   return t.out;
 }
