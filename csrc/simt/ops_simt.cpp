@@ -15,31 +15,14 @@
 #include "kernels/marlin_repack.cuh"
 #include "marlin_checks.h"
 #include "schemas.h"
+#include "simt/simt_binding.h"
 
 namespace w4k {
 namespace {
 
-// The emulator has no streams: every launch runs to completion before returning.
-constexpr cudaStream_t kNoStream = nullptr;
-
-// cp.async and the 16-byte vector accesses need 16-byte aligned global pointers, exactly as on
-// the GPU (the emulator checks): a misaligned view is copied to a fresh allocation first.
-at::Tensor aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
-
-// Runs one launcher; an emulator-detected fault (simt::Error names block, thread, warp, lane)
-// or an error status becomes a RuntimeError naming the op.
-template <typename Launch>
-void run_simt(const char* op, Launch&& launch) {
-  cudaError_t err;
-  try {
-    err = launch();
-  } catch (const simt::Error& e) {
-    TORCH_CHECK(false, op, ": SIMT emulator fault: ", e.what());
-  }
-  TORCH_CHECK(err == cudaSuccess, op, ": SIMT kernel launch failed: ", cudaGetErrorString(err));
-}
+using simt_binding::aligned16;
+using simt_binding::kNoStream;
+using simt_binding::run_simt;
 
 at::Tensor marlin_repack_simt(const at::Tensor& b_q_weight, const std::optional<at::Tensor>& perm,
                               int64_t size_k, int64_t size_n, int64_t num_bits) {

@@ -1,0 +1,231 @@
+"""The CUDA kernel of w4a16_gemm (csrc/kernels/w4a16_gemm.cuh) under the SIMT emulator, on the
+shapes and options that exercise its structure, beyond tests/test_w4a16_gemm.py (which runs its
+numerical parametrization on 'simt' too).
+
+* Numerics: against ``reference.w4a16_gemm`` (float64) within the derived fp32-accumulation bound
+  of tests/test_w4a16_gemm.py (``check_against_reference``): several 64-column blocks (N = 128,
+  256), several 64-row block rows (M = 65, 128, 130), M tile heights 16/32/48/64, K that is not a
+  multiple of the 64-row pipeline stage (partial last stage), groups that are not a multiple of
+  the 16-row k-tile (per-row scales inside a tile), a with a row stride, split-K through the
+  workspace locks.
+* Layout: the golden vectors through the kernel with a = I (exact decoded weights).
+* Argument checks: the emulator binding reports exactly the CPU backend's messages.
+"""
+
+import pytest
+import torch
+
+import golden
+from conftest import backend_or_skip
+from test_w4a16_gemm import (BAD_INPUTS, DTYPES, OP, _base, call, check_against_reference,
+                             identity_gemm, make_case, op_args)
+from w4kernels import reference
+
+
+def simt():
+    return backend_or_skip("simt", OP)
+
+
+# ---- numerics ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+@pytest.mark.parametrize("size_k,size_n", [(128, 256), (256, 128)])
+@pytest.mark.parametrize("m", [1, 3, 16, 33, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_blocks(dtype, m, size_k, size_n, group_size):
+    """Several 64-column blocks, every tile height (M = 1, 3: 16 rows; 16; 33: 48; 128: two
+    64-row block rows)."""
+    b = simt()
+    if group_size >= size_k:
+        pytest.skip("group_size >= K is per-channel")
+    check_against_reference(b, make_case(m, size_k, size_n, group_size, dtype, seed=m + 100))
+
+
+@pytest.mark.parametrize("m", [17, 48, 65, 130])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_partial_block_rows(dtype, m):
+    """M that ends inside a 16-row m-tile or a 64-row block row (zero-filled A rows, masked
+    stores), with zero points and bias."""
+    check_against_reference(simt(), make_case(m, 128, 128, 32, dtype, zp=True, bias=True, seed=m))
+
+
+@pytest.mark.parametrize("size_k,group_size", [(16, -1), (48, 16), (80, -1), (112, 16),
+                                                (208, 16)])
+@pytest.mark.parametrize("act_order", [None, "k_full"], ids=["noact", "act"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_partial_last_stage(dtype, act_order, size_k, group_size):
+    """K not a multiple of the 64-row pipeline stage: the warps whose k-tile lies past K skip the
+    last stage."""
+    case = make_case(5, size_k, 64, group_size, dtype, act_order, zp=True, bias=True, seed=size_k)
+    check_against_reference(simt(), case)
+
+
+@pytest.mark.parametrize("size_k,group_size", [(128, 8), (96, 24), (96, 48), (160, 40)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_groups_inside_a_k_tile(dtype, size_k, group_size):
+    """Group sizes that are not a multiple of 16: the rows of one k-tile (and of one lane's row
+    pair, for group size 8) take scales and zero points from different groups."""
+    case = make_case(9, size_k, 128, group_size, dtype, zp=True, seed=group_size)
+    check_against_reference(simt(), case)
+
+
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_act_order_shard_small_groups(dtype, zp):
+    """Row-parallel act-order shard with many small groups: g_idx changes inside k-tiles."""
+    case = make_case(7, 128, 64, 8, dtype, "shard", zp=zp, bias=True, seed=21)
+    check_against_reference(simt(), case)
+
+
+@pytest.mark.parametrize("row_stride,offset", [(296, 8), (301, 3)], ids=["aligned", "unaligned"])
+def test_a_with_row_stride(row_stride, offset):
+    """a as a column slice of a wider tensor: read in place when rows stay 16-byte aligned,
+    copied first otherwise (cp.async needs 16-byte aligned sources)."""
+    b = simt()
+    case = make_case(7, 256, 128, 64, torch.float16, seed=2)
+    wide = torch.randn(7, row_stride).to(torch.float16)
+    wide[:, offset:offset + 256] = case["a"]
+    case["a"] = wide[:, offset:offset + 256]
+    assert case["a"].stride(0) == row_stride
+    check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("group_size", [-1, 64])
+def test_unaligned_views(group_size):
+    """b_q_weight, b_scales and g_idx as views that are not 16-byte aligned (the kernel loads
+    them 16 bytes at a time; the binding copies such views first)."""
+    b = simt()
+    case = make_case(5, 256, 128, group_size, torch.float16, "k_full", zp=True, seed=4)
+
+    def shifted(t):
+        flat = torch.cat([torch.zeros(1, dtype=t.dtype), t.flatten()])
+        view = flat[1:].view(t.shape)
+        assert view.data_ptr() % 16 != 0
+        return view
+
+    for name in ("b_q_weight", "b_scales", "g_idx"):
+        case[name] = shifted(case[name])
+    check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_weights_are_rounded_to_half_once(dtype):
+    """Regression (as for the CPU kernel): w = T((q - 8) * s) before the fp32 accumulation.
+    Every fp32 partial sum j * w is exact (K = 1008 < 2^13, a = 1), so the output is
+    T(K * T(7 * s)) to the bit, which differs from T(K * 7 * s) for some columns."""
+    b = simt()
+    size_k, size_n = 1008, 64
+    q = torch.full((size_k, size_n), 15, dtype=torch.int32)
+    s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n)
+    case = make_case(1, size_k, size_n, -1, dtype)
+    case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
+                b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1))
+    expected = (size_k * (7.0 * s.double()).to(dtype).double()).to(dtype)
+    assert not torch.equal(expected, (size_k * 7.0 * s.double()).to(dtype))
+    assert golden.same_bits(call(b, case), expected)
+
+
+@pytest.mark.parametrize("m,size_n", [(1, 64), (3, 128), (40, 64)])
+def test_split_k_reuses_the_workspace(m, size_n):
+    """Split-K (the emulator binding aims at 8 blocks, so these grids of 1-2 tiles split the
+    16 stages of K = 1024 into up to 8 slices): correct, the workspace locks are zero again
+    afterwards, and a second call with the same workspace gives the same bits (the splits add
+    up in a fixed order)."""
+    b = simt()
+    case = make_case(m, 1024, size_n, 128, torch.bfloat16, "k_full", zp=True, bias=True, seed=m)
+    check_against_reference(b, case)
+    assert int(case["workspace"].abs().sum()) == 0
+    assert golden.same_bits(call(b, case), call(b, case))
+
+
+def test_empty_m_returns_empty():
+    out = call(simt(), make_case(0, 128, 64, 32, torch.bfloat16))
+    assert out.shape == (0, 64) and out.dtype == torch.bfloat16
+
+
+def test_matches_cpu_backend_closely():
+    """Same weights rounding as the CPU kernel: the two backends differ by fp32 summation order
+    only, far below the output rounding."""
+    b = simt()
+    case = make_case(33, 256, 192, 64, torch.float16, "k_full", zp=True, bias=True, seed=9)
+    cpu = backend_or_skip("cpu", OP)
+    ref = reference.w4a16_gemm(**op_args(case))
+    diff = (call(b, case).double() - call(cpu, case).double()).abs()
+    assert bool((diff <= 2.0 ** -10 * ref.abs() + 1e-4).all())
+
+
+# ---- layout against the golden vectors ------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "gptq_marlin_repack"))
+def test_golden_gptq_repack_layout(case):
+    """Upstream gptq_marlin_repack output decodes to q - 8 (unit scales, a = I)."""
+    b = simt()
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    gptq = case["inputs"]["b_q_weight"]
+    q = (gptq.repeat_interleave(8, dim=0) >> (4 * (torch.arange(k) % 8)).reshape(k, 1)) & 0xF
+    if case["inputs"]["perm"].numel() > 0:
+        q = q[case["inputs"]["perm"].long()]
+    out = identity_gemm(b, case["expected"]["out"], torch.ones(1, n, dtype=torch.float16), None,
+                        k, n)
+    assert torch.equal(out, (q - 8).to(torch.float16))
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_permute_scales"))
+def test_golden_scale_permutation(case):
+    """Upstream-permuted scales (32-wide and 64-wide perms) decode to the original ones."""
+    b = simt()
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    s, s_marlin = case["inputs"]["s"], case["expected"]["out"]
+    nines = torch.full((k // 16, 2 * n), 0x99999999 - (1 << 32), dtype=torch.int32)
+    out = identity_gemm(b, nines, s_marlin, None, k, n)
+    assert golden.same_bits(out, s.repeat_interleave(k // s.shape[0], dim=0))
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_zero_points"))
+def test_golden_zero_points(case):
+    """Upstream Marlin zero points decode to the original ones (codes 0, unit scales)."""
+    b = simt()
+    g, n, k = case["params"]["size_k"], case["params"]["size_n"], case["params"]["weight_size_k"]
+    out = identity_gemm(b, torch.zeros(k // 16, 2 * n, dtype=torch.int32),
+                        torch.ones(g, n, dtype=torch.bfloat16), case["expected"]["out"], k, n)
+    assert torch.equal(out, -case["inputs"]["zp"].repeat_interleave(k // g, dim=0).bfloat16())
+
+
+@pytest.mark.parametrize("case", golden.cases("marlin", "marlin_layer_pack"))
+def test_golden_layer_pack(case):
+    """IST-DASLab Marlin Layer.pack: a = I returns fp16((q - 8) * s) bit for bit."""
+    b = simt()
+    k, n = case["params"]["size_k"], case["params"]["size_n"]
+    q, s = case["inputs"]["q"].int(), case["inputs"]["s"]
+    out = identity_gemm(b, case["expected"]["B"], case["expected"]["s"], None, k, n)
+    expected = ((q - 8).float() * s.float().repeat_interleave(k // s.shape[0], dim=0)).half()
+    assert golden.same_bits(out, expected)
+
+
+# ---- argument checks: the CPU backend's messages ------------------------------------------------
+
+
+def _message(namespace, case):
+    c = case
+    op = getattr(torch.ops, namespace).w4a16_gemm.default
+    try:
+        op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), c["a"], c["b_q_weight"],
+                      c["b_scales"], c["b_zeros"], c["g_idx"], c["perm"], c["workspace"],
+                      c["num_bits"], c["size_m"], c["size_n"], c["size_k"], c["is_k_full"],
+                      c["b_bias"], c["use_fp32_reduce"])
+    except RuntimeError as e:
+        return str(e).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_errors_match_cpu(name):
+    simt()
+    backend_or_skip("cpu", OP)
+    case = _base()
+    assert _message("w4kernels_simt", case) is None  # the base case itself is valid
+    BAD_INPUTS[name][0](case)
+    cpu, emulated = _message("w4kernels", case), _message("w4kernels_simt", case)
+    assert cpu is not None and cpu.startswith("w4a16_gemm: ") and emulated == cpu
