@@ -56,4 +56,26 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   return t;
 }
 
+// The typed launcher call on prepared tensors (T: the kernel's half type, AtT: torch's).
+template <typename T, typename AtT>
+cudaError_t launch_w4a16_typed(const W4a16LaunchTensors& t,
+                               const std::optional<at::Tensor>& b_zeros,
+                               const std::optional<at::Tensor>& b_bias, const W4a16GemmArgs& args,
+                               int64_t size_m, int64_t size_n, int64_t size_k,
+                               cudaStream_t stream) {
+  const auto ptr = [](const at::Tensor& x) {
+    return reinterpret_cast<const T*>(x.data_ptr<AtT>());
+  };
+  return launch_w4a16_gemm<T>(
+      ptr(t.a), t.a.stride(0), reinterpret_cast<const uint32_t*>(t.b_q_weight.data_ptr<int32_t>()),
+      ptr(t.b_scales),
+      args.has_zp ? reinterpret_cast<const uint32_t*>(b_zeros->data_ptr<int32_t>()) : nullptr,
+      args.has_act_order ? t.g_idx.data_ptr<int32_t>() : nullptr,
+      args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
+      args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
+      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
+      size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
+      t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, stream);
+}
+
 }  // namespace w4k

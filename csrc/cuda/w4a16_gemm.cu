@@ -16,25 +16,6 @@
 namespace w4k {
 namespace {
 
-template <typename T, typename AtT>
-cudaError_t launch_typed(const W4a16LaunchTensors& t, const std::optional<at::Tensor>& b_zeros,
-                         const std::optional<at::Tensor>& b_bias, const W4a16GemmArgs& args,
-                         int64_t size_m, int64_t size_n, int64_t size_k, cudaStream_t stream) {
-  const auto ptr = [](const at::Tensor& x) {
-    return reinterpret_cast<const T*>(x.data_ptr<AtT>());
-  };
-  return launch_w4a16_gemm<T>(
-      ptr(t.a), t.a.stride(0), reinterpret_cast<const uint32_t*>(t.b_q_weight.data_ptr<int32_t>()),
-      ptr(t.b_scales),
-      args.has_zp ? reinterpret_cast<const uint32_t*>(b_zeros->data_ptr<int32_t>()) : nullptr,
-      args.has_act_order ? t.g_idx.data_ptr<int32_t>() : nullptr,
-      args.has_act_order ? t.perm.data_ptr<int32_t>() : nullptr,
-      args.has_act_order ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
-      args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
-      size_n, size_k, args.num_groups, args.group_size, t.stages_per_split,
-      t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr, t.locks, stream);
-}
-
 // Split-K targets two blocks per SM (the kernel's occupancy at 255 registers x 128 threads);
 // partial sums are always added in fp32 (use_fp32_reduce is accepted and ignored). The zeroed
 // workspace holds the split-K locks and is left zeroed.
@@ -57,8 +38,8 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err =
       a.scalar_type() == at::kHalf
-          ? launch_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k, stream)
-          : launch_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m, size_n,
+          ? launch_w4a16_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k, stream)
+          : launch_w4a16_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m, size_n,
                                                       size_k, stream);
   TORCH_CHECK(err == cudaSuccess,
               "w4a16_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
