@@ -32,22 +32,38 @@ namespace w4k::cpu {
 // 128-bit blocks of the four vectors c = 4cg .. 4cg + 3 gives v[t] with block cl = c - 4cg and
 // lane 4cl + j: every nibble e of v[t] then belongs to ONE row, 2t + (e >> 2) + 8(e & 1), and
 // its 16 lanes are wbuf columns 16q + lane, q = 2cg + ((e >> 1) & 1) (see MarlinChunkTables).
+// Value of each 4-bit code as a float, indexed by the code (vpermps reads the low 4 bits of its
+// index only, so it also masks the shifted nibble): q without zero points (q - z is formed
+// later), q - 8 for symmetric GPTQ.
+template <bool kZp>
+__attribute__((target("avx512f"))) inline __m512 code_values() {
+  return kZp ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+             : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// The 64 words of one column group of a tile, regrouped so that v[t] holds words 4t..4t+3 of
+// each of its four 16-word runs (the words decoded together below).
+__attribute__((target("avx512f"))) inline void load_column_group(const int32_t* wg,
+                                                                 __m512i v[4]) {
+  const __m512i z0 = _mm512_loadu_si512(wg), z1 = _mm512_loadu_si512(wg + 16);
+  const __m512i z2 = _mm512_loadu_si512(wg + 32), z3 = _mm512_loadu_si512(wg + 48);
+  const __m512i t0 = _mm512_shuffle_i32x4(z0, z1, 0x44), t1 = _mm512_shuffle_i32x4(z0, z1, 0xee);
+  const __m512i t2 = _mm512_shuffle_i32x4(z2, z3, 0x44), t3 = _mm512_shuffle_i32x4(z2, z3, 0xee);
+  v[0] = _mm512_shuffle_i32x4(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_i32x4(t0, t2, 0xdd);
+  v[2] = _mm512_shuffle_i32x4(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_i32x4(t1, t3, 0xdd);
+}
+
 template <bool kZp, bool kFp16>
 __attribute__((target("avx512f"))) void dequant_tile_avx512(const int32_t* words,
                                                             const float* const* srow,
                                                             const float* const* zrow,
                                                             float* wbuf) {
-  // vpermps indexes with the low 4 bits only, so it also masks the shifted nibble.
-  const __m512 code = kZp ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                          : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 code = code_values<kZp>();
   for (int cg = 0; cg < 2; ++cg) {
-    const int32_t* wg = words + 64 * cg;
-    __m512i z0 = _mm512_loadu_si512(wg), z1 = _mm512_loadu_si512(wg + 16);
-    __m512i z2 = _mm512_loadu_si512(wg + 32), z3 = _mm512_loadu_si512(wg + 48);
-    __m512i t0 = _mm512_shuffle_i32x4(z0, z1, 0x44), t1 = _mm512_shuffle_i32x4(z0, z1, 0xee);
-    __m512i t2 = _mm512_shuffle_i32x4(z2, z3, 0x44), t3 = _mm512_shuffle_i32x4(z2, z3, 0xee);
-    __m512i v[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xdd),
-                    _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xdd)};
+    __m512i v[4];
+    load_column_group(words + 64 * cg, v);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
 #pragma GCC unroll 8
@@ -131,17 +147,11 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
                                                                   const float* const* srow,
                                                                   const float* const* zrow,
                                                                   uint32_t* wpairs) {
-  const __m512 code = kZp ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                          : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 code = code_values<kZp>();
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int cg = 0; cg < 2; ++cg) {
-    const int32_t* wg = words + 64 * cg;
-    __m512i z0 = _mm512_loadu_si512(wg), z1 = _mm512_loadu_si512(wg + 16);
-    __m512i z2 = _mm512_loadu_si512(wg + 32), z3 = _mm512_loadu_si512(wg + 48);
-    __m512i t0 = _mm512_shuffle_i32x4(z0, z1, 0x44), t1 = _mm512_shuffle_i32x4(z0, z1, 0xee);
-    __m512i t2 = _mm512_shuffle_i32x4(z2, z3, 0x44), t3 = _mm512_shuffle_i32x4(z2, z3, 0xee);
-    __m512i v[4] = {_mm512_shuffle_i32x4(t0, t2, 0x88), _mm512_shuffle_i32x4(t0, t2, 0xdd),
-                    _mm512_shuffle_i32x4(t1, t3, 0x88), _mm512_shuffle_i32x4(t1, t3, 0xdd)};
+    __m512i v[4];
+    load_column_group(words + 64 * cg, v);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
 #pragma GCC unroll 4
