@@ -214,6 +214,30 @@ void matmul_scalar(const MatmulArgs& a, int64_t m0, int64_t m1, int64_t nb) {
   }
 }
 
+// KleidiAI's epilogue for the 8 columns of one output row, from the nr-block trailer at `w`
+// (per-channel: int32 rsum, f32 scale, f32 bias; per-block: f32 rsum, f32 bias), in its order:
+// per-channel (16 * dot + offset * rsum) * scale, per-block fma(rsum, offset, facc); then times
+// the LHS scale, plus bias, clamped.
+W4K_AVX2 inline __m256 epilogue8(const uint8_t* w, bool per_block, const LhsRow& row, __m256 facc,
+                                 __m256i dot, __m256 lo, __m256 hi) {
+  __m256 v, bias;
+  if (per_block) {
+    const __m256 rsum = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+    bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
+    v = _mm256_fmadd_ps(rsum, _mm256_set1_ps(float(row.offset)), facc);
+  } else {
+    const __m256i rsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
+    bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 64));
+    const __m256i iacc = _mm256_add_epi32(
+        _mm256_slli_epi32(dot, 4), _mm256_mullo_epi32(_mm256_set1_epi32(row.offset), rsum));
+    v = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc), scale);
+  }
+  volatile __m256 scaled = _mm256_mul_ps(v, _mm256_set1_ps(row.scale));  // see rounded()
+  v = _mm256_add_ps(scaled, bias);
+  return _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+}
+
 // ---- AVX-512 VNNI kernel: nr = 8, kr / sr = 8 --------------------------------------------------
 // One 32-k chunk of an nr-block is 128 bytes: s0 = 8 rows x 8 bytes (k 0-7 low, 16-23 high),
 // then s1 (k 8-15 low, 24-31 high). Row r owns dword lanes 2r, 2r+1 of a zmm; the LHS 8-byte
@@ -320,23 +344,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const __mmask8 store_mask = __mmask8((1u << cols) - 1);
   const __m256 lo = _mm256_set1_ps(a.clamp_min), hi = _mm256_set1_ps(a.clamp_max);
   for (int i = 0; i < MT; ++i) {
-    __m256 v;
-    __m256 bias;
-    if (per_block) {
-      const __m256 rsum = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
-      bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
-      v = _mm256_fmadd_ps(rsum, _mm256_set1_ps(float(rows[i].offset)), facc[i]);
-    } else {
-      const __m256i rsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-      const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
-      bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 64));
-      const __m256i iacc = _mm256_add_epi32(
-          _mm256_slli_epi32(dots[i], 4), _mm256_mullo_epi32(_mm256_set1_epi32(rows[i].offset), rsum));
-      v = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc), scale);
-    }
-    volatile __m256 scaled = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));  // see rounded()
-    v = _mm256_add_ps(scaled, bias);
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    const __m256 v = epilogue8(w, per_block, rows[i], facc[i], dots[i], lo, hi);
     _mm256_mask_storeu_ps(a.dst + (m0 + i) * a.dst_stride + nb * 8, store_mask, v);
   }
 }
@@ -433,22 +441,7 @@ W4K_AVXVNNI void tile_avx2(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const int64_t cols = std::min<int64_t>(8, a.n - nb * 8);
   const __m256 lo = _mm256_set1_ps(a.clamp_min), hi = _mm256_set1_ps(a.clamp_max);
   for (int i = 0; i < MT; ++i) {
-    __m256 v, bias;
-    if (per_block) {
-      const __m256 rsum = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
-      bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
-      v = _mm256_fmadd_ps(rsum, _mm256_set1_ps(float(rows[i].offset)), facc[i]);
-    } else {
-      const __m256i rsum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-      const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32));
-      bias = _mm256_loadu_ps(reinterpret_cast<const float*>(w + 64));
-      const __m256i iacc = _mm256_add_epi32(
-          _mm256_slli_epi32(dots[i], 4), _mm256_mullo_epi32(_mm256_set1_epi32(rows[i].offset), rsum));
-      v = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc), scale);
-    }
-    volatile __m256 scaled = _mm256_mul_ps(v, _mm256_set1_ps(rows[i].scale));  // see rounded()
-    v = _mm256_add_ps(scaled, bias);
-    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    const __m256 v = epilogue8(w, per_block, rows[i], facc[i], dots[i], lo, hi);
     float* out = a.dst + (m0 + i) * a.dst_stride + nb * 8;
     if (cols == 8) {
       _mm256_storeu_ps(out, v);
