@@ -167,7 +167,11 @@ def _message(fn, *args):
 @pytest.mark.parametrize("name,args", [pytest.param("marlin_repack", a, id=d) for d, a, _ in REPACK_CASES]
                          + [pytest.param("awq_marlin_repack", a, id="awq-" + d) for d, a, _ in AWQ_REPACK_CASES]
                          + [pytest.param("awq_dequantize", (*f(*_awq()), 0, 0, 0), id="deq-" + d)
-                            for d, f, _ in AWQ_CASES])
+                            for d, f, _ in AWQ_CASES]
+                         + [pytest.param("awq_gemm", (torch.zeros(2, 64, dtype=H), *f(*_awq()), 8),
+                                         id="gemm-" + d) for d, f, _ in AWQ_CASES]
+                         + [pytest.param("awq_gemm", (x, *_awq(), s), id="gemm-" + d)
+                            for d, x, s, _ in AWQ_GEMM_CASES])
 def test_simt_errors_match_cpu(name, args):
     """The CUDA bindings share the check functions; the emulator build proves it here."""
     import w4kernels

@@ -39,6 +39,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_compat.cuh"
+#include "kernels/mma_dtype.cuh"
 #include "kernels/ptx.cuh"
 
 namespace w4k {
@@ -72,49 +73,9 @@ __device__ __forceinline__ int a_sh_offset(int r, int c) {
   return r * kARowBytes + 16 * (c ^ (r % 8));
 }
 
-template <typename T>
-struct Dtype;
-
-template <>
-struct Dtype<half> {
-  using T2 = half2;
-  // half2(1024, 1024): OR-ing a nibble into mantissa bits 0..3 gives 1024 + q exactly.
-  static constexpr uint32_t kMagic = 0x64006400u;
-  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2], float c[4]) {
-    ptx::mma_m16n8k16_f16f32(a, b, c);
-  }
-  __device__ __forceinline__ static T2 pack(float lo, float hi) {
-    return __floats2half2_rn(lo, hi);
-  }
-  __device__ __forceinline__ static float to_float(half x) { return __half2float(x); }
-  __device__ __forceinline__ static half from_float(float x) { return __float2half_rn(x); }
-};
-
-template <>
-struct Dtype<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
-  // bfloat162(128, 128): 7 mantissa bits, so 128 + q (q < 16) is exact too.
-  static constexpr uint32_t kMagic = 0x43004300u;
-  __device__ __forceinline__ static void mma(const uint32_t a[4], const uint32_t b[2], float c[4]) {
-    ptx::mma_m16n8k16_bf16f32(a, b, c);
-  }
-  __device__ __forceinline__ static T2 pack(float lo, float hi) {
-    return __floats2bfloat162_rn(lo, hi);
-  }
-  __device__ __forceinline__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ __forceinline__ static __nv_bfloat16 from_float(float x) {
-    return __float2bfloat16_rn(x);
-  }
-};
-
-template <typename T2>
-__device__ __forceinline__ T2 bits_as(uint32_t u) {
-  return *reinterpret_cast<const T2*>(&u);
-}
-template <typename T2>
-__device__ __forceinline__ uint32_t as_bits(T2 v) {
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using mma::Dtype;
+using mma::as_bits;
+using mma::bits_as;
 
 // One mma B register: nibbles p (low half) and p + 4 (high half) of q, each (code - zero) * scale
 // rounded once. zero_magic holds (magic + z) per half: (magic + q) - (magic + z) = q - z exactly.
