@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/w4a16_gemm_layout.h"
@@ -111,20 +112,32 @@ __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda
     for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + i * 64 + 16 * q, c[i][q]);
 }
 
+// Runs f(std::integral_constant<int, R>{}, first_row) over `rows` output rows in register
+// blocks of kMicroRows rows, then one block of the remaining 1..5: the microkernels take their
+// row count as a template parameter. kMicroRows = 6: 24 accumulators + 4 weight vectors + 1
+// broadcast of the 32 zmm registers.
+constexpr int kMicroRows = 6;
+
+template <typename F>
+inline void for_row_blocks(int64_t rows, F&& f) {
+  int64_t i = 0;
+  for (; i + kMicroRows <= rows; i += kMicroRows) f(std::integral_constant<int, kMicroRows>{}, i);
+  switch (rows - i) {
+    case 5: f(std::integral_constant<int, 5>{}, i); break;
+    case 4: f(std::integral_constant<int, 4>{}, i); break;
+    case 3: f(std::integral_constant<int, 3>{}, i); break;
+    case 2: f(std::integral_constant<int, 2>{}, i); break;
+    case 1: f(std::integral_constant<int, 1>{}, i); break;
+    default: break;
+  }
+}
+
 __attribute__((target("avx512f"))) inline void micro_avx512_rows(const float* a, int64_t lda,
                                                                  const float* wbuf, int64_t kc,
                                                                  float* acc, int64_t rows) {
-  constexpr int kMr = 6;  // 24 accumulators + 4 weight vectors + 1 broadcast of 32 registers
-  int64_t i = 0;
-  for (; i + kMr <= rows; i += kMr) micro_avx512<kMr>(a + i * lda, lda, wbuf, kc, acc + i * 64);
-  switch (rows - i) {
-    case 5: micro_avx512<5>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
-    case 4: micro_avx512<4>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
-    case 3: micro_avx512<3>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
-    case 2: micro_avx512<2>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
-    case 1: micro_avx512<1>(a + i * lda, lda, wbuf, kc, acc + i * 64); break;
-    default: break;
-  }
+  for_row_blocks(rows, [&](auto mr, int64_t i) {
+    micro_avx512<decltype(mr)::value>(a + i * lda, lda, wbuf, kc, acc + i * 64);
+  });
 }
 
 // ---- AVX-512 BF16 path: bf16 activations, two k-rows per vdpbf16ps ----------------------------
@@ -205,17 +218,9 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(
 __attribute__((target("avx512f,avx512bf16"))) inline void micro_bf16_avx512_rows(
     const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc,
     int64_t rows) {
-  constexpr int kMr = 6;
-  int64_t i = 0;
-  for (; i + kMr <= rows; i += kMr) micro_bf16_avx512<kMr>(a + i * lda, lda, wpairs, kc, acc + i * 64);
-  switch (rows - i) {
-    case 5: micro_bf16_avx512<5>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
-    case 4: micro_bf16_avx512<4>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
-    case 3: micro_bf16_avx512<3>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
-    case 2: micro_bf16_avx512<2>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
-    case 1: micro_bf16_avx512<1>(a + i * lda, lda, wpairs, kc, acc + i * 64); break;
-    default: break;
-  }
+  for_row_blocks(rows, [&](auto mr, int64_t i) {
+    micro_bf16_avx512<decltype(mr)::value>(a + i * lda, lda, wpairs, kc, acc + i * 64);
+  });
 }
 
 // ---- AVX-512 small-M path: per-column lookup tables --------------------------------------------
