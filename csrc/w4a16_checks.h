@@ -100,12 +100,24 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
     args.group_size = size_k / args.num_groups;
   }
 
+  // The workspace holds split-K arrival counters, one per output tile that splits (the GPU
+  // kernels split only when every tile's counter fits, so any size >= 1 is legal; vLLM's
+  // marlin_make_workspace_new, one int per SM, and the older N / 64 * 16 both work). It must be
+  // zero on first use and is left zero. Host tensors are checked for it here; device memory
+  // cannot be read without a sync.
   check_device(op, "workspace", workspace, device);
   check_same_device(op, "workspace", workspace, "a", a);
   check_dtype(op, "workspace", workspace, at::kInt);
-  const int64_t min_workspace = size_n / 64 * 16;  // one lock per 64 columns x max_par 16
-  TORCH_CHECK(workspace.numel() >= min_workspace, op, ": workspace must have at least ",
-              min_workspace, " elements (size_n / 64 * 16), got ", workspace.numel());
+  TORCH_CHECK(workspace.numel() >= 1, op, ": workspace must have at least 1 element, got shape ",
+              workspace.sizes());
+  check_contiguous(op, "workspace", workspace);
+  if (workspace.device().type() == c10::DeviceType::CPU) {
+    const int32_t* w = workspace.data_ptr<int32_t>();
+    for (int64_t i = 0; i < workspace.numel(); ++i) {
+      TORCH_CHECK(w[i] == 0, op, ": workspace must be all zeros (split-K arrival counters; make "
+                  "it with torch.zeros and reuse it), got workspace[", i, "] = ", w[i]);
+    }
+  }
 
   args.has_bias = has_values(b_bias);
   if (args.has_bias) {

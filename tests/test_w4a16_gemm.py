@@ -412,8 +412,13 @@ BAD_INPUTS = {
     "num_bits": (lambda c: c.update(num_bits=8), r"num_bits must be 4 .*got 8"),
     "k_zero": (lambda c: c.update(size_k=0, a=c["a"][:, :0]), r"size_k must be positive, got 0"),
     "n_zero": (lambda c: c.update(size_n=0), r"size_n must be positive, got 0"),
-    "workspace_small": (lambda c: c.update(workspace=torch.zeros(8, dtype=torch.int32)),
-                        r"workspace must have at least 32 elements"),
+    "workspace_empty": (lambda c: c.update(workspace=torch.zeros(0, dtype=torch.int32)),
+                        r"workspace must have at least 1 element, got shape \[0\]"),
+    "workspace_expanded": (
+        lambda c: c.update(workspace=torch.zeros(1, dtype=torch.int32).expand(32)),
+        r"workspace must be contiguous"),
+    "workspace_dirty": (lambda c: c["workspace"].__setitem__(5, 3),
+                        r"workspace must be all zeros .* got workspace\[5\] = 3"),
     # contiguity
     "a_column_stride": (lambda c: c.update(a=c["a"].t().contiguous().t()),
                         r"a must be unit-stride along K"),

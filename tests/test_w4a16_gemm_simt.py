@@ -3,11 +3,12 @@ shapes and options that exercise its structure, beyond tests/test_w4a16_gemm.py 
 numerical parametrization on 'simt' too).
 
 * Numerics: against ``reference.w4a16_gemm`` (float64) within the derived fp32-accumulation bound
-  of tests/test_w4a16_gemm.py (``check_against_reference``): several 64-column blocks (N = 128,
-  256), several 64-row block rows (M = 65, 128, 130), M tile heights 16/32/48/64, K that is not a
-  multiple of the 64-row pipeline stage (partial last stage), groups that are not a multiple of
-  the 16-row k-tile (per-row scales inside a tile), a with a row stride, split-K through the
-  workspace locks.
+  of tests/test_w4a16_gemm.py (``check_against_reference``): several 128-column tiles and
+  N = 64 x odd, several row tiles, every M tile height (16/32/48/64), every scale path
+  (per-channel, per-stage groups, row groups), K that is not a multiple of the 128-row pipeline
+  stage, groups that are not a multiple of the 16-row k-tile, a with a row stride, split-K
+  (arrival counters, bits independent of block order under every emulator schedule), workspace
+  sizes and a dirty workspace.
 * Layout: the golden vectors through the kernel with a = I (exact decoded weights).
 * Argument checks: the emulator binding reports exactly the CPU backend's messages.
 """
@@ -52,8 +53,8 @@ def test_partial_block_rows(dtype, m):
 @pytest.mark.parametrize("act_order", [None, "k_full"], ids=["noact", "act"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_partial_last_stage(dtype, act_order, size_k, group_size):
-    """K not a multiple of the 64-row pipeline stage: the warps whose k-tile lies past K skip the
-    last stage."""
+    """K not a multiple of the 128-row pipeline stage: the copies past K are zero-filled (A,
+    weights, scales), so the last stage needs no special compute."""
     case = make_case(5, size_k, 64, group_size, dtype, act_order, zp=True, bias=True, seed=size_k)
     check_against_reference(simt(), case)
 
@@ -107,10 +108,26 @@ def test_unaligned_views(group_size):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_weights_are_rounded_to_half_once(dtype):
-    """Regression (as for the CPU kernel): w = T((q - 8) * s) before the fp32 accumulation.
-    Every fp32 partial sum j * w is exact (K = 1008 < 2^13, a = 1), so the output is
-    T(K * T(7 * s)) to the bit, which differs from T(K * 7 * s) for some columns."""
+def test_grouped_weights_are_rounded_to_half_once(dtype):
+    """Regression (as for the CPU kernel): with groups, w = T((q - 8) * s) before the fp32
+    accumulation. Every fp32 partial sum j * w is exact (K = 1024 < 2^13, a = 1), so the output
+    is T(K * T(7 * s)) to the bit, which differs from T(K * 7 * s) for some columns."""
+    b = simt()
+    size_k, size_n = 1024, 64
+    q = torch.full((size_k, size_n), 15, dtype=torch.int32)
+    s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n).repeat(2, 1)
+    case = make_case(1, size_k, size_n, 512, dtype)
+    case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
+                b_scales=reference.marlin_permute_scales(s, size_k, size_n, 512))
+    expected = (size_k * (7.0 * s[:1].double()).to(dtype).double()).to(dtype)
+    assert not torch.equal(expected, (size_k * 7.0 * s[:1].double()).to(dtype))
+    assert golden.same_bits(call(b, case), expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_per_channel_scale_multiplies_the_fp32_sum(dtype):
+    """Per-channel (G = 1): the B registers hold q - 8 exactly and the scale multiplies the fp32
+    sum in the epilogue: out = T(f32(K * 7) * f32(s)) to the bit."""
     b = simt()
     size_k, size_n = 1008, 64
     q = torch.full((size_k, size_n), 15, dtype=torch.int32)
@@ -118,22 +135,97 @@ def test_weights_are_rounded_to_half_once(dtype):
     case = make_case(1, size_k, size_n, -1, dtype)
     case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
                 b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1))
-    expected = (size_k * (7.0 * s.double()).to(dtype).double()).to(dtype)
-    assert not torch.equal(expected, (size_k * 7.0 * s.double()).to(dtype))
+    expected = (torch.tensor(7.0 * size_k, dtype=torch.float32) * s.float()).to(dtype)
     assert golden.same_bits(call(b, case), expected)
 
 
 @pytest.mark.parametrize("m,size_n", [(1, 64), (3, 128), (40, 64)])
 def test_split_k_reuses_the_workspace(m, size_n):
-    """Split-K (the emulator binding aims at 8 blocks, so these grids of 1-2 tiles split the
-    16 stages of K = 1024 into up to 8 slices): correct, the workspace locks are zero again
-    afterwards, and a second call with the same workspace gives the same bits (the splits add
-    up in a fixed order)."""
+    """Split-K (the emulated device has 8 SMs, so grids of 1-2 tiles split the 8 stages of
+    K = 1024 in two): correct, the arrival counters are zero again afterwards, and a second call
+    with the same workspace gives the same bits (the partial tiles add up in split order)."""
     b = simt()
     case = make_case(m, 1024, size_n, 128, torch.bfloat16, "k_full", zp=True, bias=True, seed=m)
     check_against_reference(b, case)
     assert int(case["workspace"].abs().sum()) == 0
     assert golden.same_bits(call(b, case), call(b, case))
+
+
+# (schedule of the threads in a block, blocks run at once): with one worker the blocks run one
+# after another, with four the splits of a tile arrive in varying order.
+SCHEDULES = [("forward", 1), ("reverse", 1), ("shuffle", 1), ("forward", 4), ("shuffle", 4)]
+
+
+@pytest.mark.parametrize("m,size_n,size_k,group_size,zp,act_order", [
+    (1, 128, 4096, 128, False, None),    # 1 tile, 8 splits of 4 stages (kGroup)
+    (9, 192, 2048, -1, True, None),      # N = 64 x 3 (a half-empty tile), per-channel + zp
+    (17, 128, 2048, 64, True, "k_full"),  # act-order (row groups), 32-row tile
+    (40, 64, 1024, 32, True, None),      # group 32 with zero points, 48-row tile
+    (64, 128, 1536, 256, False, None),   # group 256 (scales advance every 2 stages), 64 rows
+], ids=["m1-g128", "n192-chan-zp", "act-g64", "g32-zp", "m64-g256"])
+def test_split_k_bits_do_not_depend_on_block_order(monkeypatch, m, size_n, size_k, group_size,
+                                                   zp, act_order):
+    """No block waits for another: every split writes its partial tile and the last to arrive
+    adds them in split order. Same bits under every thread schedule and with 1 or 4 blocks in
+    flight; counters back at zero after each call."""
+    b = simt()
+    case = make_case(m, size_k, size_n, group_size, torch.float16, act_order, zp=zp, bias=True,
+                     seed=size_k + m)
+    outs = []
+    for schedule, workers in SCHEDULES:
+        monkeypatch.setenv("W4K_SIMT_SCHEDULE", schedule)
+        monkeypatch.setenv("W4K_SIMT_WORKERS", str(workers))
+        monkeypatch.setenv("W4K_SIMT_SEED", str(len(outs) + 7))
+        outs.append(call(b, case))
+        assert int(case["workspace"].abs().sum()) == 0
+    for out in outs[1:]:
+        assert golden.same_bits(out, outs[0])
+    check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("workspace_size", [1, 8, 10000], ids=["one", "per-sm", "large"])
+def test_any_workspace_size(workspace_size):
+    """One int (split-K only when a single tile splits), vLLM's one int per SM (8 here) or more:
+    all legal, all correct, all left zero."""
+    b = simt()
+    for m, size_n in [(1, 128), (20, 384)]:  # 1 tile (splits) and 3 tiles
+        case = make_case(m, 2048, size_n, 128, torch.bfloat16, zp=True, seed=workspace_size)
+        case["workspace"] = torch.zeros(workspace_size, dtype=torch.int32)
+        check_against_reference(b, case)
+        assert int(case["workspace"].abs().sum()) == 0
+
+
+def test_dirty_workspace_is_an_error_not_a_hang():
+    """A workspace that is not zero (torch.empty, or a crashed call) is rejected at once on the
+    host backends, naming the workspace; the GPU kernel never waits on it either."""
+    b = simt()
+    case = make_case(1, 4096, 128, 128, torch.float16, seed=1)
+    case["workspace"][0] = 7
+    with pytest.raises(RuntimeError, match=r"workspace must be all zeros .* workspace\[0\] = 7"):
+        call(b, case)
+
+
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 33, 64, 65, 200])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_every_tile_height(dtype, m):
+    """M across the 16/32/48/64-row configurations and several row tiles, N = 64 x 3 (the second
+    128-column tile is half empty), group 128 with zero points and bias."""
+    case = make_case(m, 512, 192, 128, dtype, zp=True, bias=True, seed=m + 300)
+    check_against_reference(simt(), case)
+
+
+@pytest.mark.parametrize("act_order", [None, "k_full", "shard"], ids=["noact", "act", "shard"])
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128, 256, 96])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_scale_modes(dtype, group_size, zp, act_order):
+    """Every scale path: per-channel (scales in the epilogue), per-stage groups (32, 64, 128,
+    256), row groups (act-order, and group 96 through a generated g_idx)."""
+    if act_order == "shard" and group_size == -1:
+        pytest.skip("a row-parallel act-order shard has groups by construction")
+    case = make_case(5, 768, 128, group_size, dtype, act_order, zp=zp, bias=True,
+                     seed=group_size + 11 * zp)
+    check_against_reference(simt(), case)
 
 
 def test_empty_m_returns_empty():

@@ -16,9 +16,8 @@
 namespace w4k {
 namespace {
 
-// Split-K targets two blocks per SM (the kernel's occupancy at 255 registers x 128 threads);
-// partial sums are always added in fp32 (use_fp32_reduce is accepted and ignored). The zeroed
-// workspace holds the split-K locks and is left zeroed.
+// Split-K, tile configuration and grid come from the kernel's planner (occupancy API x SMs);
+// partial sums are always added in fp32 (use_fp32_reduce is accepted and ignored).
 at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
                            const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
                            const std::optional<at::Tensor>& g_idx,
@@ -31,9 +30,13 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(a.device());
-  const int64_t target_blocks = 2 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
-                                             size_m, size_n, size_k, target_blocks);
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const W4a16LaunchTensors t =
+      a.scalar_type() == at::kHalf
+          ? w4a16_prepare<half>(a, b_q_weight, b_scales, g_idx, perm, workspace, args, size_m,
+                                size_n, size_k, num_sms)
+          : w4a16_prepare<__nv_bfloat16>(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
+                                         size_m, size_n, size_k, num_sms);
   if (size_m == 0) return t.out;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cudaError_t err =

@@ -162,6 +162,27 @@ W4K_PTX void cp_async16_cg_zfill(void* smem, const void* glob, bool pred) {
                :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0) : "memory");
 #endif
 }
+// An L2 cache policy that marks lines for eviction first: for data read once (streamed
+// weights), so it does not push reused data (activations, scales) out of L2.
+W4K_PTX uint64_t createpolicy_evict_first() {
+#if W4K_SIMT
+  return 0;  // the emulator has no cache
+#else
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+#endif
+}
+// cp_async16_cg_zfill with an L2 cache policy (from createpolicy_*) on the global read.
+W4K_PTX void cp_async16_cg_zfill_hint(void* smem, const void* glob, bool pred, uint64_t policy) {
+#if W4K_SIMT
+  (void)policy;
+  simt::cp_async("cp.async.cg 16 (zfill, L2 hint)", smem, glob, 16, !pred);
+#else
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+               :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0), "l"(policy) : "memory");
+#endif
+}
 // 4 bytes, cached in L1 (cp.async.cg only supports 16).
 W4K_PTX void cp_async4_ca(void* smem, const void* glob) {
 #if W4K_SIMT

@@ -5,7 +5,8 @@
 //   out[m, n] = sum_r a[m, perm[r]] * w[r, n] (+ b_bias[n]),
 //   w[r, n]   = T((q[r, n] - z) * s),  s = b_scales[g(r), n],  z = 8 or b_zeros[g(r), n],
 //   g(r)      = g_idx[r] (act-order, sorted) or r / group_size.
-// The weight is rounded once to T before the mma, as Marlin (and the reference) do.
+// The weight is rounded once to T before the mma, as the reference does; products are summed in
+// fp32, the bias is added in fp32 and the output rounded once.
 //
 // Operand layouts (K = size_k, N = size_n; see python/w4kernels/reference.py):
 //   b_q_weight uint32 [K/16, 2N]: the 128 words 128*c .. 128*c+127 of row kt hold the 16x64
@@ -13,30 +14,55 @@
 //     nibble p = q[16*kt + 2*(i%4) + dk[p], 64*c + 16*j + i/4 + dn[p]],
 //     dk = [0, 8, 0, 8, 1, 9, 1, 9], dn = [0, 0, 8, 8, 0, 0, 8, 8]. Nibbles p and p+4 are the
 //     two k rows of one mma B register: (p=0) b[0] and (p=1) b[1] of columns +0..7, (p=2) b[0]
-//     and (p=3) b[1] of columns +8..15.
+//     and (p=3) b[1] of columns +8..15. Bits 0-3|16-19 are p = 0, bits 4-7|20-23 p = 1, and the
+//     same after `>> 8` for p = 2, 3: two masks and one shift decode a word (fp16).
 //   b_scales [G, N]: per 64 columns, position 8*(c%8) + c/8 holds column c (G > 1), or per 32
 //     columns, position 8*((c%8)/2) + 2*(c/8) + c%2 holds column c (G == 1, per-channel).
 //     For lane i (column c = 16j + 8h + i/4 of the chunk, e = 2j + h) that is 8*(i/4) + e, or
 //     32*(e/4) + 8*(i/8) + 2*(e%4) + (i/4)%2.
-//   b_zeros uint32 [G, N/8]: column c of chunk k is nibble AWQ_NIBBLE[e] = e/2 + 4*(e%2) of word
-//     8*k + c%8 (e = c/8): lane i reads one word for all its eight columns.
+//   b_zeros uint32 [G, N/8]: column c of chunk k is nibble e/2 + 4*(e%2) of word 8*k + c%8
+//     (e = c/8): lane i reads one word for all its eight columns.
 //
-// Kernel shape (Marlin style, split-K free): a block of 4 warps owns a (16*kMBlocks) x 64 output
-// tile and walks the whole K in stages of 64 rows. Each stage (A tile, the four 512-byte Marlin
-// B k-tiles, the stage's g_idx) is fetched with cp.async, kStages stages in flight. Warp w
-// takes k-tile w of every stage: A fragments by ldmatrix from an XOR-swizzled tile, B
-// fragments straight from its lane's 16-byte Marlin word group (lop3 int4 -> T2, minus the
-// zero point, times the scale), 8 * kMBlocks mma.m16n8k16 with fp32 accumulators. The four
-// warps' partial sums are added in shared memory at the end (tree), bias added, output rounded.
-// Split-K (small M x N grids): blockIdx.z takes a contiguous run of stages; the splits of one
-// output tile add their fp32 partial sums into c_tmp one after the other, in split order,
-// serialized by a lock per tile in the workspace (ld.acquire spin / red.release), and the last
-// split adds the bias, writes the output and resets the lock to 0.
-// Act-order: a first kernel gathers A's columns through perm (as vLLM does); the GEMM then
-// reads the sorted g_idx per row.
+// Kernel shape. A block is 256 threads (8 warps) and owns a kRows x 128 output tile (kRows = 16,
+// 32, 48 or 64: kMBlocks m16 blocks) over a contiguous run of K. K is walked in stages of 128
+// rows; each stage (A tile, eight 1 KiB Marlin B k-tiles, the stage's scales, zero points or
+// g_idx) is fetched with cp.async, kStages = 4 stages in flight, one barrier per stage. Warp w
+// computes columns 64 * (w % 2) .. +63 (one Marlin chunk: its lane's 4 words of a k-tile are
+// one 16-byte shared load) for k-tiles 2 * (w / 2) and 2 * (w / 2) + 1 of every stage: 16 mma
+// per m16 block per stage and warp. At the end the four k-warps of each column half add their
+// fp32 sums in shared memory (tree).
+// Why these numbers: 256 threads and a 128-column tile give each warp a full Marlin chunk (no
+// shuffles to assemble B fragments) and two k-tiles per barrier, which halves the per-stage
+// overhead per mma against one; 4 x 128-row stages keep 32 KiB of weights in flight per block
+// (enough to cover DRAM latency with one or two blocks per SM at M <= 16); 64 rows x 64 columns
+// of fp32 accumulators per warp (128 registers) is the most that fits 255 registers with the
+// dequantization constants, the same limit as Marlin's 64-row tile.
+//
+// Scales (template ScaleMode):
+//   kChannel: G == 1; the lane's scales and zero constants are loaded once, before the loop.
+//   kGroup, kGroupZp (with zero points): group_size 32, 64 or 128 (vLLM Marlin's sizes; every
+//             32-row slot of a stage lies in one group); each stage carries the scale (and
+//             zero-point) rows of its four 32-row slots, whose source advances by a constant
+//             per stage (no division in the loop).
+//   kRow:     act-order g_idx, or any other group size (the binding then passes
+//             g_idx = r / group_size: correct for every size, slower than the paths above); each stage carries its 128 g_idx entries and a lane
+//             reloads its scales from global memory (L2) when one of its rows changes group.
+//             Out-of-range g_idx entries are clamped to [0, G) (the CUDA binding cannot read
+//             g_idx without a device sync; the CPU and SIMT bindings reject them).
+//
+// Split-K, without any block waiting for another: when the (M, N) tiles alone cannot fill the
+// GPU (occupancy API x SMs), blockIdx.z takes a contiguous run of stages. Every split writes its
+// fp32 partial tile to c_tmp and bumps the tile's arrival counter in the workspace; the split
+// that arrives last (sees splits - 1) adds all partial tiles in split order 0, 1, ... (so the
+// bits do not depend on which block ran when), adds the bias, writes the output and resets the
+// counter to 0. The workspace must be zero on first use and is left zero.
+//
+// Act-order: a first kernel gathers A's columns through perm (8 columns per thread, 16-byte
+// stores; out-of-range perm entries give zero columns).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda_compat.cuh"
 #include "kernels/mma_dtype.cuh"
@@ -45,26 +71,36 @@
 namespace w4k {
 namespace w4a16 {
 
-constexpr int kThreads = 128;     // 4 warps
-constexpr int kTileN = 64;        // output columns per block: one Marlin chunk
-constexpr int kTileK = 64;        // K rows per pipeline stage: one 16-row k-tile per warp
-constexpr int kStages = 4;        // stages in flight (cp.async groups)
-constexpr int kBTileBytes = 512;  // one 16 x 64 Marlin block: 128 words
-constexpr int kARowBytes = kTileK * 2;
-constexpr int kLocksPerNBlock = 16;  // workspace: one lock per (64-column block, block row)
+constexpr int kThreads = 256;          // 8 warps: 2 column halves x 4 k-warps
+constexpr int kTileN = 128;            // output columns per block: two Marlin chunks
+constexpr int kStageK = 128;           // K rows per pipeline stage: 8 k-tiles of 16
+constexpr int kStageKTiles = kStageK / 16;
+constexpr int kStages = 4;             // stages in flight (cp.async groups)
+constexpr int kKWarps = 4;             // warps along K; each takes 2 k-tiles of a stage
+constexpr int kBKTileBytes = 1024;     // one k-tile of the block: 2 chunks x 128 words
+constexpr int kARowBytes = kStageK * 2;
+constexpr int kMinStagesPerSplit = 4;  // a split shorter than the pipeline would not fill it
+constexpr int kNever = 1 << 30;        // a row threshold no k_left reaches (K < 2^30)
 
-// Bytes of one pipeline stage: A rows, then 4 Marlin B k-tiles, then 64 g_idx entries.
+enum class ScaleMode { kChannel, kGroup, kGroupZp, kRow };
+
+// Bytes of one pipeline stage: A rows, the 8 B k-tiles, scales (4 slots x 128 columns), zero
+// points (4 slots x 16 words), g_idx (128 rows).
 template <int kMBlocks>
 struct StageLayout {
   static constexpr int kRows = 16 * kMBlocks;
   static constexpr int kABytes = kRows * kARowBytes;
   static constexpr int kBOffset = kABytes;
-  static constexpr int kGidxOffset = kBOffset + (kTileK / 16) * kBTileBytes;
-  static constexpr int kBytes = kGidxOffset + kTileK * 4;
+  static constexpr int kSOffset = kBOffset + kStageKTiles * kBKTileBytes;
+  static constexpr int kZOffset = kSOffset + kKWarps * kTileN * 2;
+  static constexpr int kGOffset = kZOffset + kKWarps * (kTileN / 8) * 4;
+  static constexpr int kBytes = kGOffset + kStageK * 4;
   static constexpr int kSmemBytes = kStages * kBytes;
-  // Warp partial sums for the final reduction (two slots), reusing the pipeline memory.
+  // Final reduction: 4 slots (2 column halves x 2 writers) of one warp's accumulators.
   static constexpr int kFragFloats = kMBlocks * 8 * 4;
-  static_assert(2 * kFragFloats * 32 * 4 <= kSmemBytes, "reduction slots must fit");
+  static_assert(4 * kFragFloats * 32 * 4 <= kSmemBytes, "reduction slots must fit");
+  // One split's fp32 partial tile in c_tmp (fragment order, see the split-K epilogue).
+  static constexpr int kTileFloats = kRows * kTileN;
 };
 
 // A tile: row r, 16-byte chunk c (k = 8c .. 8c+7) at chunk c ^ (r % 8), so the 8 rows one
@@ -77,16 +113,96 @@ using mma::Dtype;
 using mma::as_bits;
 using mma::bits_as;
 
-// One mma B register: nibbles p (low half) and p + 4 (high half) of q, each (code - zero) * scale
-// rounded once. zero_magic holds (magic + z) per half: (magic + q) - (magic + z) = q - z exactly.
+// Both halves = the low (high) half of x. Written with the pair intrinsics so that nvcc can fold
+// the broadcast into the .H0_H0 / .H1_H1 operand selector of the HADD2/HFMA2/HMUL2 using it.
 template <typename T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t q, int p, uint32_t zero_magic,
-                                                 uint32_t scale) {
-  using T2 = typename Dtype<T>::T2;
-  // lop3 0xEA = (a & b) | c: the two nibbles land in the two mantissas of magic.
-  const uint32_t biased = ptx::lop3<0xEA>(q >> (4 * p), 0x000f000fu, Dtype<T>::kMagic);
-  const T2 diff = __hsub2(bits_as<T2>(biased), bits_as<T2>(zero_magic));
-  return as_bits<T2>(__hmul2(diff, bits_as<T2>(scale)));
+__device__ __forceinline__ uint32_t broadcast_lo(uint32_t x);
+template <typename T>
+__device__ __forceinline__ uint32_t broadcast_hi(uint32_t x);
+template <>
+__device__ __forceinline__ uint32_t broadcast_lo<half>(uint32_t x) {
+  return as_bits(__low2half2(bits_as<half2>(x)));
+}
+template <>
+__device__ __forceinline__ uint32_t broadcast_hi<half>(uint32_t x) {
+  return as_bits(__high2half2(bits_as<half2>(x)));
+}
+template <>
+__device__ __forceinline__ uint32_t broadcast_lo<__nv_bfloat16>(uint32_t x) {
+  return as_bits(__low2bfloat162(bits_as<__nv_bfloat162>(x)));
+}
+template <>
+__device__ __forceinline__ uint32_t broadcast_hi<__nv_bfloat16>(uint32_t x) {
+  return as_bits(__high2bfloat162(bits_as<__nv_bfloat162>(x)));
+}
+
+// Per-dtype decoding of one Marlin word into the 4 B registers of a lane (columns e0 = 2j: regs
+// 0, 1; e1 = 2j + 1: regs 2, 3) as (q - z), exact. zl/zh: the per-column constants made by
+// make_zero_consts.
+template <typename T>
+struct Decode;
+
+template <>
+struct Decode<half> {
+  // Nibble at bits 0-3 | 16-19: OR into half2(1024) gives 1024 + q; minus (1024 + z) is q - z.
+  // Nibble at bits 4-7 | 20-23: gives 1024 + 16 q; fma(x, 1/16, -(64 + z)) is q - z (exact: every
+  // intermediate is an integer or a multiple of 1/16 below 2048).
+  static constexpr uint32_t kLoMagic = 0x64006400u;
+  static constexpr int kZeroHiShift = 4;
+  __device__ __forceinline__ static uint32_t zero_lo(uint32_t z) { return 0x6400u | z; }
+  __device__ __forceinline__ static uint32_t zero_hi(uint32_t z) { return 0xD400u | (z << 4); }
+  __device__ __forceinline__ static void decode(uint32_t q, uint32_t zl0, uint32_t zh0,
+                                                uint32_t zl1, uint32_t zh1, uint32_t r[4]) {
+    const half2 sixteenth = bits_as<half2>(0x2C002C00u);  // 1/16
+    const uint32_t q1 = q >> 8;
+    r[0] = as_bits(__hsub2(bits_as<half2>(ptx::lop3<0xEA>(q, 0x000f000fu, kLoMagic)),
+                           bits_as<half2>(zl0)));
+    r[1] = as_bits(__hfma2(bits_as<half2>(ptx::lop3<0xEA>(q, 0x00f000f0u, kLoMagic)), sixteenth,
+                           bits_as<half2>(zh0)));
+    r[2] = as_bits(__hsub2(bits_as<half2>(ptx::lop3<0xEA>(q1, 0x000f000fu, kLoMagic)),
+                           bits_as<half2>(zl1)));
+    r[3] = as_bits(__hfma2(bits_as<half2>(ptx::lop3<0xEA>(q1, 0x00f000f0u, kLoMagic)), sixteenth,
+                           bits_as<half2>(zh1)));
+  }
+};
+
+template <>
+struct Decode<__nv_bfloat16> {
+  // bf16 has 7 mantissa bits: a nibble at bits 4-7 would reach the exponent, so every register
+  // takes its nibbles at bits 0-3 | 16-19 after a shift: 128 + q, minus (128 + z).
+  static constexpr uint32_t kLoMagic = 0x43004300u;
+  static constexpr int kZeroHiShift = 0;
+  __device__ __forceinline__ static uint32_t zero_lo(uint32_t z) { return 0x4300u | z; }
+  __device__ __forceinline__ static uint32_t zero_hi(uint32_t z) { return 0x4300u | z; }
+  __device__ __forceinline__ static void decode(uint32_t q, uint32_t zl0, uint32_t zh0,
+                                                uint32_t zl1, uint32_t zh1, uint32_t r[4]) {
+    using B2 = __nv_bfloat162;
+    r[0] = as_bits(__hsub2(bits_as<B2>(ptx::lop3<0xEA>(q, 0x000f000fu, kLoMagic)),
+                           bits_as<B2>(zl0)));
+    r[1] = as_bits(__hsub2(bits_as<B2>(ptx::lop3<0xEA>(q >> 4, 0x000f000fu, kLoMagic)),
+                           bits_as<B2>(zh0)));
+    r[2] = as_bits(__hsub2(bits_as<B2>(ptx::lop3<0xEA>(q >> 8, 0x000f000fu, kLoMagic)),
+                           bits_as<B2>(zl1)));
+    r[3] = as_bits(__hsub2(bits_as<B2>(ptx::lop3<0xEA>(q >> 12, 0x000f000fu, kLoMagic)),
+                           bits_as<B2>(zh1)));
+  }
+};
+
+// The zero constants of a lane's 8 columns from its zero-point word (both halves the same
+// column): zl[e] = pair(zero_lo(z_e)), zh[e] = pair(zero_hi(z_e)), z_e = nibble e/2 + 4 (e%2).
+template <typename T>
+__device__ __forceinline__ void make_zero_consts(uint32_t zw, uint32_t zl[8], uint32_t zh[8]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // Nibbles j (column 2j) and j + 4 (column 2j + 1) land in the low and high halves.
+    const uint32_t z2 = (zw >> (4 * j)) & 0x000f000fu;
+    const uint32_t lo = (Decode<T>::zero_lo(0) * 0x10001u) | z2;
+    const uint32_t hi = (Decode<T>::zero_hi(0) * 0x10001u) | z2 << Decode<T>::kZeroHiShift;
+    zl[2 * j] = broadcast_lo<T>(lo);
+    zl[2 * j + 1] = broadcast_hi<T>(lo);
+    zh[2 * j] = broadcast_lo<T>(hi);
+    zh[2 * j + 1] = broadcast_hi<T>(hi);
+  }
 }
 
 struct GemmParams {
@@ -95,406 +211,568 @@ struct GemmParams {
   const uint32_t* b_q_weight;  // [K/16, 2N] Marlin
   const uint16_t* b_scales;    // [G, N] in T (bit patterns), Marlin-permuted, 16-byte aligned
   const uint32_t* b_zeros;     // [G, N/8] Marlin zero points, or nullptr (z = 8)
-  const int32_t* g_idx;        // [K] sorted group of each row, or nullptr (r / group_size)
+  const int32_t* g_idx;        // [K] group of each row (kRow), else nullptr
   const void* b_bias;          // [N] in T, or nullptr
   void* c;                     // [M, N] in T
-  int64_t size_m, size_n, size_k;
-  int64_t num_groups;  // G
-  int64_t group_size;  // rows per group without g_idx
-  // Split-K: gridDim.z splits of stages_per_split stages each (1: no split, c_tmp/locks unused).
-  int64_t stages_per_split;
-  float* c_tmp;  // [M, N] fp32 partial sums
-  int* locks;    // [N/64 * kLocksPerNBlock], zero on entry, zero on exit
+  int size_m, size_n, size_k;  // < 2^31 (checked by the bindings)
+  int num_groups;              // G
+  int group_size;              // rows per group (kGroup)
+  int stages_per_split;        // gridDim.z splits of this many stages (the last may be shorter)
+  float* c_tmp;                // [tiles, splits, kTileFloats] fp32 partial tiles (split-K)
+  int* counters;               // [tiles] arrival counters, zero on entry, zero on exit
 };
 
-// Block-wide barrier (bar.sync 0 over all threads, what __syncthreads compiles to). Used instead
-// of __syncthreads because the host compiler may tail-duplicate a barrier call that follows a
-// warp-dependent branch (the reduction below), and the emulator tells __syncthreads sites apart.
-__device__ __forceinline__ void block_sync() { ptx::barrier_sync(0, kThreads); }
-
-// Issues the cp.async copies of stage tile s into `st`; the caller commits the group.
-template <typename T, int kMBlocks>
-__device__ __forceinline__ void fetch_stage(char* st, const GemmParams& p, int64_t s, int64_t m0,
-                                            int64_t n_blk) {
-  using L = StageLayout<kMBlocks>;
-  const int t = threadIdx.x;
-  const int64_t k0 = s * kTileK;
-  const T* a = static_cast<const T*>(p.a);
-  // A: kRows x 8 chunks of 16 bytes; rows past M are zero (their results are not stored).
-  for (int i = t; i < L::kRows * 8; i += kThreads) {
-    const int r = i / 8, c = i % 8;
-    const int64_t row = m0 + r, col = k0 + 8 * c;
-    const bool valid = row < p.size_m && col < p.size_k;
-    ptx::cp_async16_cg_zfill(st + a_sh_offset(r, c), valid ? a + row * p.lda + col : a, valid);
+// kRow: (re)loads the lane's scales and zero constants for the groups g4 of its rows 2t, 2t+1
+// (B register 0) and 2t+8, 2t+9 (register 1) from global memory, the groups clamped to [0, G).
+// The two halves of a register may belong to two groups: prmt pairs halfword e of one row's
+// scales with halfword e of the other's. G > 1 here (G == 1 runs kChannel).
+template <typename T>
+__device__ __forceinline__ void load_row_scales(const GemmParams& p, const int g4[4],
+                                                int row_group[4], int chunk, int col_lane,
+                                                uint32_t scale[8][2], uint32_t zl[8],
+                                                uint32_t zh[8]) {
+  int64_t g[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    row_group[i] = g4[i];
+    g[i] = min(max(g4[i], 0), p.num_groups - 1);
   }
-  // B: k-tile j of the stage is 512 contiguous bytes of Marlin row kt (32 chunks).
-  {
-    const int j = t / 32, c = t % 32;
-    const int64_t kt = s * (kTileK / 16) + j;
-    if (kt < p.size_k / 16) {
-      ptx::cp_async16_cg(st + L::kBOffset + j * kBTileBytes + 16 * c,
-                         p.b_q_weight + kt * 2 * p.size_n + n_blk * 128 + 4 * c);
-    }
+#pragma unroll
+  for (int rp = 0; rp < 2; ++rp) {
+    // The lane's 8 scales of a group row are 16 contiguous bytes (see the b_scales layout).
+    const int64_t col = 64 * chunk + 8 * col_lane;
+    const int4 s_a = *reinterpret_cast<const int4*>(p.b_scales + g[2 * rp] * p.size_n + col);
+    const int4 s_b = *reinterpret_cast<const int4*>(p.b_scales + g[2 * rp + 1] * p.size_n + col);
+    const uint32_t a[4] = {uint32_t(s_a.x), uint32_t(s_a.y), uint32_t(s_a.z), uint32_t(s_a.w)};
+    const uint32_t b[4] = {uint32_t(s_b.x), uint32_t(s_b.y), uint32_t(s_b.z), uint32_t(s_b.w)};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) scale[e][rp] = ptx::prmt(a[e / 2], b[e / 2], e % 2 ? 0x7632u : 0x5410u);
   }
-  // g_idx of the stage's rows (act-order): 16 chunks of 4 entries.
-  if (p.g_idx != nullptr && t < kTileK / 4) {
-    const int64_t r = k0 + 4 * t;
-    if (r < p.size_k) ptx::cp_async16_cg(st + L::kGidxOffset + 16 * t, p.g_idx + r);
+  if (p.b_zeros == nullptr) return;
+  uint32_t zw[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) zw[i] = p.b_zeros[g[i] * (p.size_n / 8) + chunk * 8 + col_lane];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int shift = 4 * (e / 2 + 4 * (e % 2));
+    const uint32_t z[4] = {(zw[0] >> shift) & 15u, (zw[1] >> shift) & 15u,
+                           (zw[2] >> shift) & 15u, (zw[3] >> shift) & 15u};
+    zl[e] = Decode<T>::zero_lo(z[0]) | Decode<T>::zero_lo(z[1]) << 16;
+    zh[e] = Decode<T>::zero_hi(z[2]) | Decode<T>::zero_hi(z[3]) << 16;
   }
 }
 
-// Per-lane cache of the scales and zero points of its 8 columns (e = 2j + h) for its two row
-// pairs (rp 0: rows 2t, 2t+1 -> b[0]; rp 1: rows 2t+8, 2t+9 -> b[1]), as T2 bit patterns.
-template <typename T>
-struct LaneScales {
-  int group[4];
-  uint32_t scale[8][2];
-  uint32_t zero_magic[8][2];
+// Block-wide barrier (bar.sync 0 over all threads, what __syncthreads compiles to). The host
+// compiler may tail-duplicate a __syncthreads call that follows a warp-dependent branch, and the
+// emulator tells barrier call sites apart, so the kernel uses the named-barrier wrapper.
+__device__ __forceinline__ void block_sync() { ptx::barrier_sync(0, kThreads); }
 
-  __device__ __forceinline__ void load(const GemmParams& p, const int g4[4], int64_t n_blk,
-                                       int lane) {
-    const int col_lane = lane / 4;
-    const bool single = p.num_groups == 1;
-    const uint16_t magic = static_cast<uint16_t>(Dtype<T>::kMagic & 0xffffu);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) group[i] = g4[i];
-#pragma unroll
-    for (int rp = 0; rp < 2; ++rp) {
-      const int64_t g_lo = g4[2 * rp], g_hi = g4[2 * rp + 1];
-      uint32_t z_lo = 0, z_hi = 0;  // zero-point words (all 8 columns of this lane)
-      if (p.b_zeros != nullptr) {
-        z_lo = p.b_zeros[g_lo * (p.size_n / 8) + n_blk * 8 + col_lane];
-        z_hi = p.b_zeros[g_hi * (p.size_n / 8) + n_blk * 8 + col_lane];
-      }
-      if (!single) {
-        // G > 1: the lane's 8 scales are 16 contiguous bytes of each group row; prmt pairs
-        // halfword e of the row-2t group with halfword e of the row-2t+1 group.
-        const int64_t col = n_blk * kTileN + 8 * col_lane;
-        const int4 s_lo = *reinterpret_cast<const int4*>(p.b_scales + g_lo * p.size_n + col);
-        const int4 s_hi = *reinterpret_cast<const int4*>(p.b_scales + g_hi * p.size_n + col);
-        const uint32_t lo[4] = {uint32_t(s_lo.x), uint32_t(s_lo.y), uint32_t(s_lo.z),
-                                uint32_t(s_lo.w)};
-        const uint32_t hi[4] = {uint32_t(s_hi.x), uint32_t(s_hi.y), uint32_t(s_hi.z),
-                                uint32_t(s_hi.w)};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          scale[e][rp] = ptx::prmt(lo[e / 2], hi[e / 2], e % 2 ? 0x7632u : 0x5410u);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int64_t col =
-              n_blk * kTileN + 32 * (e / 4) + 8 * (col_lane / 2) + 2 * (e % 4) + col_lane % 2;
-          scale[e][rp] = uint32_t(p.b_scales[col]) | uint32_t(p.b_scales[col]) << 16;
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        uint32_t zl = 8, zh = 8;
-        if (p.b_zeros != nullptr) {
-          const int shift = 4 * (e / 2 + 4 * (e % 2));
-          zl = (z_lo >> shift) & 15u;
-          zh = (z_hi >> shift) & 15u;
-        }
-        zero_magic[e][rp] = uint32_t(magic | zl) | uint32_t(magic | zh) << 16;
-      }
-    }
-  }
-};
-
-// Grid: (N / 64, ceil(M / (16 * kMBlocks))), kThreads threads, StageLayout::kSmemBytes dynamic
+// Grid: (N / 128 rounded up, ceil(M / kRows), splits), kThreads threads, kSmemBytes of dynamic
 // shared memory.
-template <typename T, int kMBlocks>
-__global__ void __launch_bounds__(kThreads) w4a16_gemm_kernel(const GemmParams p) {
+template <typename T, int kMBlocks, ScaleMode kMode>
+__global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
   using L = StageLayout<kMBlocks>;
   using D = Dtype<T>;
   using T2 = typename D::T2;
   W4K_EXTERN_SHARED(int4, sh);
-  char* smem = reinterpret_cast<char*>(sh);
+  char* const smem = reinterpret_cast<char*>(sh);
+  __shared__ int sh_last_split;
 
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  const int64_t n_blk = blockIdx.x;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * L::kRows;
-  const int64_t num_k_tiles = p.size_k / 16;
-  const int group_size = static_cast<int>(p.group_size);
-  // This split's stages [s_begin, s_end).
-  const int64_t s_begin = static_cast<int64_t>(blockIdx.z) * p.stages_per_split;
-  const int64_t s_end_all = (p.size_k + kTileK - 1) / kTileK;
-  const int64_t s_end =
-      s_begin + p.stages_per_split < s_end_all ? s_begin + p.stages_per_split : s_end_all;
-  const int64_t num_stages = s_end - s_begin;
+  const int warp_n = warp % 2;  // column half: Marlin chunk 2 * blockIdx.x + warp_n
+  const int warp_k = warp / 2;  // k-tiles 2 * warp_k, 2 * warp_k + 1 of each stage
+  const int n_blk = blockIdx.x, m_blk = blockIdx.y, split = blockIdx.z;
+  const int m0 = m_blk * L::kRows;
+  const int num_chunks = p.size_n / 64;
+  const int total_stages = (p.size_k + kStageK - 1) / kStageK;
+  const int stage_begin = split * p.stages_per_split;
+  const int stage_end = min(stage_begin + p.stages_per_split, total_stages);
+  const int num_stages = stage_end - stage_begin;
+  constexpr bool kGrouped = kMode == ScaleMode::kGroup || kMode == ScaleMode::kGroupZp;
+  const bool has_zp = p.b_zeros != nullptr;  // kGroupZp: always
+  const uint64_t evict_first = ptx::createpolicy_evict_first();  // weights are read once
+
+  // ---- Per-thread copy assignments, computed once; the loop advances them by constants. ----
+  // A: thread t copies 16-byte chunk t % 16 (k = 8 * (t % 16) ..) of rows t / 16 + 16 i.
+  const int a_gl_rd_col = 8 * (t % 16);
+  const T* a_gl_rd = static_cast<const T*>(p.a) + static_cast<int64_t>(m0 + t / 16) * p.lda +
+                     stage_begin * kStageK + a_gl_rd_col;
+  const int64_t a_gl_rd_delta_i = 16 * p.lda;  // rows t / 16 + 16 i
+  const int a_sh_wr = a_sh_offset(t / 16, t % 16);
+  int a_col_threshold[kMBlocks];  // a copy is valid while its k < k_left (kNever: row past M)
+#pragma unroll
+  for (int i = 0; i < kMBlocks; ++i)
+    a_col_threshold[i] = m0 + t / 16 + 16 * i < p.size_m ? a_gl_rd_col : kNever;
+  // B: thread t copies 16-byte chunks t % 32 (Marlin chunk 2 n_blk) and t % 32 + 32 (chunk
+  // 2 n_blk + 1, which may be past N) of k-tile t / 32: one pointer, the second copy 512 bytes on.
+  const int b_gl_stride = 2 * p.size_n;  // words per Marlin row (k-tile)
+  const int b_gl_rd_delta_stage = kStageKTiles * b_gl_stride;
+  const int b_kt_row = 16 * (t / 32);  // first K row of the copied k-tile within the stage
+  const int b_kt_row_chunk1 = 2 * n_blk + 1 < num_chunks ? b_kt_row : kNever;
+  const uint32_t* b_gl_rd = p.b_q_weight +
+                            static_cast<int64_t>(stage_begin * kStageKTiles + t / 32) * b_gl_stride +
+                            n_blk * 256 + 4 * (t % 32);
+  const int b_sh_wr = L::kBOffset + (t / 32) * kBKTileBytes + 16 * (t % 32);
+  // Rows of K left from the stage being fetched on: the copies' bounds (a partial last stage
+  // is zero-filled) are one compare of a thread constant against it.
+  int k_left = p.size_k - stage_begin * kStageK;
+  // Scales / zero points (kGroup*): threads 0..63 copy 16 bytes (8 columns) of slot t / 16's
+  // scale row, threads 64..79 16 bytes (32 columns) of slot (t - 64) / 4's zero-point row. Slot
+  // s of stage i covers rows 128 i + 32 s .. + 31, all in group (128 i + 32 s) / group_size.
+  // group_size is 32, 64 or 128, so the group advances by 128 / group_size rows every stage: the
+  // source pointer moves by a constant, nothing is divided in the loop.
+  const bool s_copier = t < 64, z_copier = kMode == ScaleMode::kGroupZp && t >= 64 && t < 80;
+  const int s_slot = s_copier ? t / 16 : (t - 64) / 4;
+  const int s_col = s_copier ? 8 * (t % 16) : 32 * ((t - 64) % 4);  // first column copied
+  const bool s_col_valid = 2 * n_blk + s_col / 64 < num_chunks;
+  const int s_sh_wr = s_copier ? L::kSOffset + s_slot * kTileN * 2 + 2 * s_col
+                               : L::kZOffset + s_slot * (kTileN / 8) * 4 + s_col / 2;
+  const int4* s_gl_rd = nullptr;  // this thread's scale or zero-point source, 16-byte units
+  int s_gl_rd_delta = 0;          // int4s per group row
+  int s_gl_rd_delta_stage = 0;
+  // Copies past K, or of a second chunk past N, or by threads that copy nothing: their row
+  // threshold is never below k_left (one compare per copy and stage).
+  const int s_row_threshold = (s_copier || z_copier) && s_col_valid ? 32 * s_slot : kNever;
+  if constexpr (kGrouped) {
+    const int row = stage_begin * kStageK + 32 * s_slot;
+    const int group = row / p.group_size;  // once, before the loop
+    if (z_copier) {
+      s_gl_rd_delta = p.size_n / 32;  // N / 8 words
+      s_gl_rd = reinterpret_cast<const int4*>(p.b_zeros) + group * s_gl_rd_delta +
+                (n_blk * 16 + s_col / 8) / 4;
+    } else {
+      s_gl_rd_delta = p.size_n / 8;  // N halves
+      s_gl_rd = reinterpret_cast<const int4*>(p.b_scales) + group * s_gl_rd_delta +
+                (n_blk * kTileN + s_col) / 8;
+    }
+    s_gl_rd_delta_stage = (kStageK / p.group_size) * s_gl_rd_delta;
+  }
+  // g_idx (kRow): threads 128..159 copy 4 entries each.
+  const bool g_copier = kMode == ScaleMode::kRow && t >= 128 && t < 160;
+  int g_row = stage_begin * kStageK + 4 * (t - 128);
+
+  // ---- Per-lane constants of the compute: its 8 columns' scales and zero constants. ----
+  const int chunk = 2 * n_blk + warp_n;  // this warp's Marlin chunk (may be >= num_chunks)
+  const int col_lane = lane / 4;
+  uint32_t scale[8][2];  // per column e: rows (2t, 2t+1) and (2t+8, 2t+9) of the k-tile
+  uint32_t zl[8], zh[8];
+  {
+    const uint32_t z_sym = 8u | 8u << 4 | 8u << 8 | 8u << 12 | 8u << 16 | 8u << 20 | 8u << 24 |
+                           8u << 28;
+    make_zero_consts<T>(z_sym, zl, zh);
+  }
+  if constexpr (kMode == ScaleMode::kChannel) {
+    // Per-channel: the B registers hold (q - z) and the scale multiplies the fp32 sum in the
+    // epilogue (vLLM's Marlin order), so only the zero constants are per lane.
+    if (has_zp && chunk < num_chunks) make_zero_consts<T>(p.b_zeros[chunk * 8 + col_lane], zl, zh);
+  }
+  int row_group[4] = {-1, -1, -1, -1};  // kRow: groups of the lane's 4 rows, cached scales
 
   float acc[kMBlocks][8][4];
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int e = 0; e < 8; ++e)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mb][nt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
 
-  LaneScales<T> scales;
+  // Issues the copies of the next stage into shared offset `st` (one commit group per call, an
+  // empty one past the split's end, so "kStages - 2 groups pending" means "stage i landed").
+  // Rows past K, M or N are zero-filled, so a partial last stage needs no special compute.
+  int stages_left = num_stages;
+  auto fetch = [&](int st) {
+    if (stages_left > 0) {
+      char* s = smem + st;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) scales.group[i] = -1;
-
-  // One commit per slot even when there is nothing left to fetch, so that "at most
-  // kStages - 2 groups pending" always means "stage s has landed".
-  // i counts this split's stages; stage s_begin + i sits in slot i % kStages.
-  auto fetch = [&](int64_t i) {
-    if (i < num_stages)
-      fetch_stage<T, kMBlocks>(smem + (i % kStages) * L::kBytes, p, s_begin + i, m0, n_blk);
+      for (int i = 0; i < kMBlocks; ++i) {
+        ptx::cp_async16_cg_zfill(s + a_sh_wr + i * 16 * kARowBytes, a_gl_rd + i * a_gl_rd_delta_i,
+                                 a_col_threshold[i] < k_left);
+      }
+      ptx::cp_async16_cg_zfill_hint(s + b_sh_wr, b_gl_rd, b_kt_row < k_left, evict_first);
+      ptx::cp_async16_cg_zfill_hint(s + b_sh_wr + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
+                                    evict_first);
+      if constexpr (kGrouped) {
+        if (s_copier || z_copier)
+          ptx::cp_async16_cg_zfill(s + s_sh_wr, s_gl_rd, s_row_threshold < k_left);
+        s_gl_rd += s_gl_rd_delta_stage;
+      }
+      if constexpr (kMode == ScaleMode::kRow) {
+        if (g_copier) {
+          ptx::cp_async16_cg_zfill(s + L::kGOffset + 16 * (t - 128), p.g_idx + g_row,
+                                   4 * (t - 128) < k_left);
+        }
+        g_row += kStageK;
+      }
+      a_gl_rd += kStageK;
+      b_gl_rd += b_gl_rd_delta_stage;
+      k_left -= kStageK;
+      --stages_left;
+    }
     ptx::cp_async_commit_group();
   };
-  for (int i = 0; i < kStages - 1; ++i) fetch(i);
 
-  for (int64_t i = 0; i < num_stages; ++i) {
-    ptx::cp_async_wait_group<kStages - 2>();
-    // Stage s is visible to all, and everyone is done with the slot the next fetch reuses.
-    block_sync();
-    fetch(i + kStages - 1);
-
-    const int64_t kt = (s_begin + i) * (kTileK / 16) + warp;
-    if (kt >= num_k_tiles) continue;  // warp-uniform: the last stage may be partial
-    const char* st = smem + (i % kStages) * L::kBytes;
-
-    // A fragments: ldmatrix.x4 over rows 16mb .. +15, k 16w .. +15 (lane l: row l%16,
-    // k-chunk 2w + l/16).
-    uint32_t frag_a[kMBlocks][4];
+  // Stage i sits in slot i % kStages; the loop is unrolled over the slots so that every shared
+  // offset is a constant.
+  auto compute = [&](const char* st) {
+    if constexpr (kGrouped) {
+      // The lane's 8 scales of its slot: 16 contiguous bytes (see the b_scales layout).
+      const int4 s4 = *reinterpret_cast<const int4*>(st + L::kSOffset + warp_k * kTileN * 2 +
+                                                     warp_n * 128 + 16 * col_lane);
+      const uint32_t sw[4] = {uint32_t(s4.x), uint32_t(s4.y), uint32_t(s4.z), uint32_t(s4.w)};
 #pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb) {
-      const int r = 16 * mb + lane % 16;
-      ptx::ldmatrix_x4(frag_a[mb], st + a_sh_offset(r, 2 * warp + lane / 16));
-    }
-    // This lane's 4 Marlin words of k-tile kt: one per 16-column n-tile.
-    const int4 words =
-        *reinterpret_cast<const int4*>(st + L::kBOffset + warp * kBTileBytes + 16 * lane);
-    const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
-                            uint32_t(words.w)};
-    // Groups of this lane's four rows; reload scales only when they change.
-    int g4[4];
-    const int r_lane = 2 * (lane % 4);
-    const int r_local[4] = {r_lane, r_lane + 1, r_lane + 8, r_lane + 9};
-    const int row0 = static_cast<int>(kt * 16);  // K < 2^31
-    if (p.g_idx != nullptr) {
-      const int32_t* g_idx_sh = reinterpret_cast<const int32_t*>(st + L::kGidxOffset);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) g4[i] = g_idx_sh[16 * warp + r_local[i]];
-    } else if (group_size % 16 == 0) {
-      const int g = row0 / group_size;  // the whole k-tile is in one group
-#pragma unroll
-      for (int i = 0; i < 4; ++i) g4[i] = g;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) g4[i] = (row0 + r_local[i]) / group_size;
-    }
-    if (g4[0] != scales.group[0] || g4[1] != scales.group[1] || g4[2] != scales.group[2] ||
-        g4[3] != scales.group[3]) {
-      scales.load(p, g4, n_blk, lane);
-    }
-
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int e = 2 * j + h;
-        uint32_t frag_b[2];
-        frag_b[0] = dequant_pair<T>(w4[j], 2 * h, scales.zero_magic[e][0], scales.scale[e][0]);
-        frag_b[1] = dequant_pair<T>(w4[j], 2 * h + 1, scales.zero_magic[e][1], scales.scale[e][1]);
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb) D::mma(frag_a[mb], frag_b, acc[mb][e]);
+      for (int j = 0; j < 4; ++j) {
+        scale[2 * j][0] = scale[2 * j][1] = broadcast_lo<T>(sw[j]);
+        scale[2 * j + 1][0] = scale[2 * j + 1][1] = broadcast_hi<T>(sw[j]);
       }
+      if constexpr (kMode == ScaleMode::kGroupZp) {
+        const uint32_t zw = *reinterpret_cast<const uint32_t*>(
+            st + L::kZOffset + warp_k * (kTileN / 8) * 4 + 4 * (8 * warp_n + col_lane));
+        make_zero_consts<T>(zw, zl, zh);
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int kt = 2 * warp_k + kk;  // k-tile within the stage
+      if constexpr (kMode == ScaleMode::kRow) {
+        // Groups of the lane's rows 2t, 2t+1, 2t+8, 2t+9 of the k-tile.
+        const int32_t* g_sh =
+            reinterpret_cast<const int32_t*>(st + L::kGOffset) + 16 * kt + 2 * (lane % 4);
+        const int2 g01 = *reinterpret_cast<const int2*>(g_sh);
+        const int2 g89 = *reinterpret_cast<const int2*>(g_sh + 8);
+        const int g4[4] = {g01.x, g01.y, g89.x, g89.y};
+        if (g4[0] != row_group[0] || g4[1] != row_group[1] || g4[2] != row_group[2] ||
+            g4[3] != row_group[3]) {
+          load_row_scales<T>(p, g4, row_group, chunk, col_lane, scale, zl, zh);
+        }
+      }
+      uint32_t frag_a[kMBlocks][4];
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        ptx::ldmatrix_x4(frag_a[mb], st + a_sh_offset(16 * mb + lane % 16, 2 * kt + lane / 16));
+      }
+      const int4 words = *reinterpret_cast<const int4*>(st + L::kBOffset + kt * kBKTileBytes +
+                                                        warp_n * 512 + 16 * lane);
+      const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
+                              uint32_t(words.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t r[4];
+        Decode<T>::decode(w4[j], zl[2 * j], zh[2 * j], zl[2 * j + 1], zh[2 * j + 1], r);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int e = 2 * j + h;
+          uint32_t frag_b[2] = {r[2 * h], r[2 * h + 1]};
+          if constexpr (kMode != ScaleMode::kChannel) {
+            frag_b[0] = as_bits(__hmul2(bits_as<T2>(frag_b[0]), bits_as<T2>(scale[e][0])));
+            frag_b[1] = as_bits(__hmul2(bits_as<T2>(frag_b[1]), bits_as<T2>(scale[e][1])));
+          }
+#pragma unroll
+          for (int mb = 0; mb < kMBlocks; ++mb) D::mma(frag_a[mb], frag_b, acc[mb][e]);
+        }
+      }
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kStages - 1; ++u) fetch(u * L::kBytes);
+  for (int i0 = 0; i0 < num_stages; i0 += kStages) {
+#pragma unroll
+    for (int u = 0; u < kStages; ++u) {
+      if (i0 + u >= num_stages) break;
+      ptx::cp_async_wait_group<kStages - 2>();
+      // Stage i0 + u is visible to all, and everyone is done with the slot the fetch reuses.
+      block_sync();
+      fetch(((u + kStages - 1) % kStages) * L::kBytes);
+      compute(smem + u * L::kBytes);
     }
   }
   ptx::cp_async_wait_all();
   block_sync();  // the pipeline memory becomes the reduction buffer
 
-  // Tree reduction of the four warps' partial sums: 2,3 -> 0,1, then 1 -> 0. Slot layout
-  // [slot][fragment float][lane] (conflict-free).
+  // Tree reduction over the four k-warps of each column half: k-warps 2, 3 -> 0, 1, then
+  // 1 -> 0. Slot layout [slot][fragment float][lane] (conflict-free).
   float* red = reinterpret_cast<float*>(smem);
   auto exchange = [&](bool writer, bool reader, int slot_w, int slot_r) {
     if (writer) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < 8; ++e)
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            red[(slot_w * L::kFragFloats + (mb * 8 + nt) * 4 + i) * 32 + lane] = acc[mb][nt][i];
+            red[(slot_w * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane] = acc[mb][e][i];
     }
     block_sync();
     if (reader) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int e = 0; e < 8; ++e)
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            acc[mb][nt][i] += red[(slot_r * L::kFragFloats + (mb * 8 + nt) * 4 + i) * 32 + lane];
+            acc[mb][e][i] += red[(slot_r * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane];
     }
     block_sync();
   };
-  exchange(warp >= 2, warp < 2, warp - 2, warp);
-  exchange(warp == 1, warp == 0, 0, 0);
-  if (warp != 0) return;
+  exchange(warp_k >= 2, warp_k < 2, 2 * warp_n + warp_k - 2, 2 * warp_n + warp_k);
+  exchange(warp_k == 1, warp_k == 0, 2 * warp_n, 2 * warp_n);
+  const bool holds_sum = warp_k == 0 && chunk < num_chunks;
 
   if (gridDim.z > 1) {
-    // Serialized split-K: split z waits until the lock of its tile says z, adds the partial sums
-    // of splits 0..z-1 from c_tmp, and passes on (or, the last one, writes the output). Every
-    // lane acquires for itself, so that its c_tmp loads see the previous split's stores.
-    const int z = blockIdx.z;
-    int* lock = p.locks + n_blk * kLocksPerNBlock + blockIdx.y;
-    if (z > 0) {
-      while (ptx::ld_acquire_gpu(lock) != z) {
-      }
+    // Split-K: write this split's partial tile (fragment order: lane-contiguous float4s), then
+    // count arrivals; the last split adds the partial tiles in split order.
+    const int tile = m_blk * gridDim.x + n_blk;
+    float* tile_tmp = p.c_tmp + static_cast<int64_t>(tile) * gridDim.z * L::kTileFloats;
+    auto frag_offset = [&](int mb, int e) {
+      return ((warp_n * kMBlocks + mb) * 8 + e) * 128 + 4 * lane;
+    };
+    if (holds_sum) {
+      float* part = tile_tmp + split * L::kTileFloats;
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          *reinterpret_cast<float4*>(part + frag_offset(mb, e)) =
+              make_float4(acc[mb][e][0], acc[mb][e][1], acc[mb][e][2], acc[mb][e][3]);
     }
+    __threadfence();  // the partial tile is visible GPU-wide before the arrival is
+    block_sync();
+    if (t == 0) {
+      const int arrived = atomicAdd(p.counters + tile, 1);
+      const bool last = arrived == static_cast<int>(gridDim.z) - 1;
+      if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
+      sh_last_split = last;
+    }
+    block_sync();
+    if (!sh_last_split) return;
+    __threadfence();  // the other splits' partial tiles are read after their arrivals
+    if (holds_sum) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int64_t col = n_blk * kTileN + 8 * nt + 2 * (lane % 4);
+      for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb) {
+        for (int e = 0; e < 8; ++e)
 #pragma unroll
-        for (int half_row = 0; half_row < 2; ++half_row) {
-          const int64_t row = m0 + 16 * mb + lane / 4 + 8 * half_row;
-          if (row >= p.size_m) continue;
-          float2* partial = reinterpret_cast<float2*>(p.c_tmp + row * p.size_n + col);
-          float* c2 = &acc[mb][nt][2 * half_row];
-          if (z > 0) {
-            const float2 prev = *partial;
-            c2[0] += prev.x;
-            c2[1] += prev.y;
+          for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
+      for (int z = 0; z < static_cast<int>(gridDim.z); ++z) {
+        const float* part = tile_tmp + z * L::kTileFloats;
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(part + frag_offset(mb, e)));
+            acc[mb][e][0] += v.x;
+            acc[mb][e][1] += v.y;
+            acc[mb][e][2] += v.z;
+            acc[mb][e][3] += v.w;
           }
-          if (z + 1 < static_cast<int>(gridDim.z)) *partial = make_float2(c2[0], c2[1]);
-        }
       }
     }
-    __syncwarp();  // every lane is past its spin and its c_tmp accesses
-    if (z + 1 < static_cast<int>(gridDim.z)) {
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) ptx::red_release_gpu_add(lock, 1);
-      return;
-    }
-    if (lane == 0) ptx::st_release_gpu(lock, 0);  // ready for the next launch
   }
+  if (!holds_sum) return;
 
   // Output: c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1] of each 16x8 tile.
   const T* bias = static_cast<const T*>(p.b_bias);
   T* out = static_cast<T*>(p.c);
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    const int64_t col = n_blk * kTileN + 8 * nt + 2 * (lane % 4);
-    float bias_lo = 0.f, bias_hi = 0.f;
+  for (int e = 0; e < 8; ++e) {
+    const int col = 64 * chunk + 8 * e + 2 * (lane % 4);
+    float bias_lo = 0.f, bias_hi = 0.f, scale_lo = 1.f, scale_hi = 1.f;
     if (bias != nullptr) {
       bias_lo = D::to_float(bias[col]);
       bias_hi = D::to_float(bias[col + 1]);
+    }
+    if constexpr (kMode == ScaleMode::kChannel) {
+      // Columns col, col + 1 (even) are adjacent in the per-channel scale permutation.
+      const int c = col % 32;
+      const int pos = 32 * (col / 32) + 8 * ((c % 8) / 2) + 2 * (c / 8);
+      const uint32_t s2 = *reinterpret_cast<const uint32_t*>(p.b_scales + pos);
+      scale_lo = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 & 0xffffu)));
+      scale_hi = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 >> 16)));
     }
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) {
 #pragma unroll
       for (int half_row = 0; half_row < 2; ++half_row) {
-        const int64_t row = m0 + 16 * mb + lane / 4 + 8 * half_row;
+        const int row = m0 + 16 * mb + lane / 4 + 8 * half_row;
         if (row < p.size_m) {
-          *reinterpret_cast<T2*>(out + row * p.size_n + col) =
-              D::pack(acc[mb][nt][2 * half_row] + bias_lo, acc[mb][nt][2 * half_row + 1] + bias_hi);
+          // y = acc * s + bias in fp32, two roundings (no fma), as the reference (s = 1: exact).
+          const float lo = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row], scale_lo), bias_lo);
+          const float hi = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row + 1], scale_hi), bias_hi);
+          *reinterpret_cast<T2*>(out + static_cast<int64_t>(row) * p.size_n + col) =
+              D::pack(lo, hi);
         }
       }
     }
   }
 }
 
-// Act-order: a_perm[m, r] = a[m, perm[r]] (one block per row of a). An out-of-range perm entry
-// gives a zero column instead of an out-of-bounds read (the CPU and SIMT bindings reject it;
-// the CUDA binding cannot read perm without a sync).
+// Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), M): a thread gathers
+// 8 columns and writes them as one 16-byte store (K % 16 == 0). An out-of-range perm entry gives
+// a zero column instead of an out-of-bounds read (the CPU and SIMT bindings reject it; the CUDA
+// binding cannot read perm without a device sync).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     permute_cols_kernel(const T* __restrict__ a, int64_t lda, const int32_t* __restrict__ perm,
-                        T* __restrict__ a_perm, int64_t size_k) {
-  const int64_t m = blockIdx.x;
-  for (int64_t r = threadIdx.x; r < size_k; r += kThreads) {
-    const int32_t src = perm[r];
-    a_perm[m * size_k + r] =
-        src >= 0 && src < size_k ? a[m * lda + src] : Dtype<T>::from_float(0.f);
+                        T* __restrict__ a_perm, int size_k) {
+  const int r0 = 8 * (blockIdx.x * kThreads + threadIdx.x);
+  if (r0 >= size_k) return;
+  const int64_t m = blockIdx.y;
+  const int4 p0 = *reinterpret_cast<const int4*>(perm + r0);
+  const int4 p1 = *reinterpret_cast<const int4*>(perm + r0 + 4);
+  const int src[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+  uint16_t v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const bool ok = src[i] >= 0 && src[i] < size_k;
+    v[i] = ok ? reinterpret_cast<const uint16_t*>(a)[m * lda + (ok ? src[i] : 0)] : uint16_t(0);
   }
+  int4 out;
+  out.x = int(v[0] | uint32_t(v[1]) << 16);
+  out.y = int(v[2] | uint32_t(v[3]) << 16);
+  out.z = int(v[4] | uint32_t(v[5]) << 16);
+  out.w = int(v[6] | uint32_t(v[7]) << 16);
+  *reinterpret_cast<int4*>(a_perm + m * size_k + r0) = out;
 }
 
 // Rows of M per block: Marlin's m_blocks, 16 * (1..4).
-inline int64_t tile_rows(int64_t size_m) {
-  return size_m <= 16 ? 16 : size_m <= 32 ? 32 : size_m <= 48 ? 48 : 64;
+inline int tile_m_blocks(int64_t size_m) {
+  return size_m <= 16 ? 1 : size_m <= 32 ? 2 : size_m <= 48 ? 3 : 4;
 }
 
-// Stages per split so that about target_blocks blocks run (1 split when the tiles alone reach
-// it, or when there are more block rows than locks per column block).
-inline int64_t stages_per_split(int64_t size_m, int64_t size_n, int64_t size_k,
-                                int64_t target_blocks) {
-  const int64_t num_stages = (size_k + kTileK - 1) / kTileK;
-  const int64_t m_blocks = (size_m + tile_rows(size_m) - 1) / tile_rows(size_m);
-  const int64_t tiles = (size_n / kTileN) * m_blocks;
-  if (m_blocks > kLocksPerNBlock || tiles >= target_blocks) return num_stages;
-  int64_t splits = (target_blocks + tiles - 1) / tiles;
-  if (splits > num_stages) splits = num_stages;
-  return (num_stages + splits - 1) / splits;
+template <typename T, int kMBlocks, ScaleMode kMode>
+cudaError_t kernel_attributes(int* blocks_per_sm) {
+  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
+  const int smem = StageLayout<kMBlocks>::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  if (blocks_per_sm != nullptr)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem);
+  return err;
 }
 
-template <typename T, int kMBlocks>
-cudaError_t launch_gemm_tile(const GemmParams& p, cudaStream_t stream) {
-  using L = StageLayout<kMBlocks>;
-  const int64_t m_blocks = (p.size_m + L::kRows - 1) / L::kRows;
-  const int64_t num_stages = (p.size_k + kTileK - 1) / kTileK;
-  const int64_t splits = (num_stages + p.stages_per_split - 1) / p.stages_per_split;
-  const dim3 grid(static_cast<unsigned>(p.size_n / kTileN), static_cast<unsigned>(m_blocks),
-                  static_cast<unsigned>(splits));
-  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks>;
-  W4K_LAUNCH(kernel, grid, dim3(kThreads), L::kSmemBytes, stream, p);
+template <typename T, int kMBlocks, ScaleMode kMode>
+cudaError_t launch_tile(const GemmParams& p, dim3 grid, cudaStream_t stream) {
+  cudaError_t err = kernel_attributes<T, kMBlocks, kMode>(nullptr);
+  if (err != cudaSuccess) return err;
+  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
+  W4K_LAUNCH(kernel, grid, dim3(kThreads), StageLayout<kMBlocks>::kSmemBytes, stream, p);
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_gemm(const GemmParams& p, cudaStream_t stream) {
-  // Tile height by M (Marlin's m_blocks): one block row covers up to 64 rows of M.
-  switch (tile_rows(p.size_m)) {
-    case 16:
-      return launch_gemm_tile<T, 1>(p, stream);
-    case 32:
-      return launch_gemm_tile<T, 2>(p, stream);
-    case 48:
-      return launch_gemm_tile<T, 3>(p, stream);
+// Calls f(std::integral_constant<int, kMBlocks>, std::integral_constant<ScaleMode, kMode>) for
+// the run-time configuration.
+template <typename F>
+cudaError_t dispatch_config(int m_blocks, ScaleMode mode, F&& f) {
+  auto by_mode = [&](auto mb) -> cudaError_t {
+    switch (mode) {
+      case ScaleMode::kChannel:
+        return f(mb, std::integral_constant<ScaleMode, ScaleMode::kChannel>{});
+      case ScaleMode::kGroup:
+        return f(mb, std::integral_constant<ScaleMode, ScaleMode::kGroup>{});
+      case ScaleMode::kGroupZp:
+        return f(mb, std::integral_constant<ScaleMode, ScaleMode::kGroupZp>{});
+      default:
+        return f(mb, std::integral_constant<ScaleMode, ScaleMode::kRow>{});
+    }
+  };
+  switch (m_blocks) {
+    case 1:
+      return by_mode(std::integral_constant<int, 1>{});
+    case 2:
+      return by_mode(std::integral_constant<int, 2>{});
+    case 3:
+      return by_mode(std::integral_constant<int, 3>{});
     default:
-      return launch_gemm_tile<T, 4>(p, stream);
+      return by_mode(std::integral_constant<int, 4>{});
   }
 }
 
 }  // namespace w4a16
 
-// Stages (of 64 rows of K) per split-K slice for a grid of about target_blocks blocks (e.g. a
-// few per SM); a value >= ceil(K / 64) means no split.
-inline int64_t w4a16_gemm_stages_per_split(int64_t size_m, int64_t size_n, int64_t size_k,
-                                           int64_t target_blocks) {
-  return w4a16::stages_per_split(size_m, size_n, size_k, target_blocks);
+// How a w4a16_gemm call runs: tile configuration, scale mode and split-K. Made by
+// w4a16_gemm_plan (host), consumed by launch_w4a16_gemm; the binding allocates c_tmp_floats
+// floats of split-K scratch when splits > 1.
+struct W4a16Plan {
+  int m_blocks = 1;  // rows per tile / 16
+  w4a16::ScaleMode mode = w4a16::ScaleMode::kChannel;
+  bool row_groups_from_group_size = false;  // kRow without act-order: g_idx = r / group_size
+  int64_t m_tiles = 0, n_tiles = 0;
+  int64_t splits = 1, stages_per_split = 0;
+  int64_t c_tmp_floats = 0;
+};
+
+// Chooses the configuration for a problem: the M tile from M (Marlin's 16/32/48/64 rows), the
+// scale mode from the grouping, and split-K from occupancy: the largest number of splits such
+// that all blocks are resident at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs),
+// each split keeps >= kMinStagesPerSplit stages, and the tile counters fit the workspace
+// (num_counters ints; 0 disables split-K). group_size: K / G; has_act_order: g_idx given.
+template <typename T>
+cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
+                            bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
+                            W4a16Plan* plan) {
+  using namespace w4a16;
+  W4a16Plan pl;
+  pl.m_blocks = tile_m_blocks(size_m);
+  const int64_t group_size = size_k / num_groups;
+  if (num_groups == 1) {
+    pl.mode = ScaleMode::kChannel;
+  } else if (!has_act_order && (group_size == 32 || group_size == 64 || group_size == 128)) {
+    pl.mode = has_zp ? ScaleMode::kGroupZp : ScaleMode::kGroup;
+  } else {
+    pl.mode = ScaleMode::kRow;
+    pl.row_groups_from_group_size = !has_act_order;
+  }
+  pl.m_tiles = (size_m + 16 * pl.m_blocks - 1) / (16 * pl.m_blocks);
+  pl.n_tiles = (size_n + kTileN - 1) / kTileN;
+  const int64_t total_stages = (size_k + kStageK - 1) / kStageK;
+  pl.stages_per_split = total_stages;
+  int blocks_per_sm = 0;
+  const cudaError_t err = dispatch_config(pl.m_blocks, pl.mode, [&](auto mb, auto mode) {
+    return kernel_attributes<T, decltype(mb)::value, decltype(mode)::value>(&blocks_per_sm);
+  });
+  if (err != cudaSuccess) return err;
+  const int64_t resident = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 1) * num_sms;
+  const int64_t tiles = pl.m_tiles * pl.n_tiles;
+  if (tiles < resident && tiles <= num_counters) {
+    int64_t splits = resident / tiles;
+    const int64_t max_splits = total_stages / kMinStagesPerSplit;
+    if (splits > max_splits) splits = max_splits;
+    if (splits > 1) {
+      pl.stages_per_split = (total_stages + splits - 1) / splits;
+      pl.splits = (total_stages + pl.stages_per_split - 1) / pl.stages_per_split;
+    }
+  }
+  if (pl.splits > 1) pl.c_tmp_floats = tiles * pl.splits * 16 * pl.m_blocks * kTileN;
+  *plan = pl;
+  return cudaSuccess;
 }
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
 // and ops.w4a16_gemm. T = half or __nv_bfloat16 for a, b_scales, b_bias and out.
-// Preconditions (checked by the bindings): K % 16 == 0, N % 64 == 0, M >= 1; a, b_q_weight,
-// b_scales and g_idx 16-byte aligned, lda % 8 == 0; perm and g_idx both given or both nullptr,
-// g_idx sorted with values in [0, G); a_perm_tmp: M * K elements of T when perm is given (else
-// unused); group_size = K / G when g_idx is nullptr.
-// Split-K: stages_per_split from w4a16_gemm_stages_per_split (>= the stage count: no split);
-// with a split, c_tmp is M * N floats of scratch and locks N / 64 * 16 zeroed ints (the op's
-// workspace; left zeroed).
+// Preconditions (checked by the bindings): 16 <= K < 2^31, K % 16 == 0, N % 64 == 0,
+// 1 <= M < 2^31; a, b_q_weight, b_scales, g_idx and perm 16-byte aligned, lda % 8 == 0; g_idx
+// given for act-order and for plan.row_groups_from_group_size (then g_idx[r] = r / group_size);
+// perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given; with
+// plan.splits > 1, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
+// plan.n_tiles zeroed ints (left zeroed).
 template <typename T>
-cudaError_t launch_w4a16_gemm(const T* a, int64_t lda, const uint32_t* b_q_weight,
-                              const T* b_scales, const uint32_t* b_zeros, const int32_t* g_idx,
-                              const int32_t* perm, T* a_perm_tmp, const T* b_bias, T* out,
-                              int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
-                              int64_t group_size, int64_t stages_per_split, float* c_tmp,
-                              int* locks, cudaStream_t stream) {
+cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
+                              const uint32_t* b_q_weight, const T* b_scales,
+                              const uint32_t* b_zeros, const int32_t* g_idx, const int32_t* perm,
+                              T* a_perm_tmp, const T* b_bias, T* out, int64_t size_m,
+                              int64_t size_n, int64_t size_k, int64_t num_groups, float* c_tmp,
+                              int* counters, cudaStream_t stream) {
+  using namespace w4a16;
   if (size_m == 0) return cudaSuccess;
-  w4a16::GemmParams p{};
+  GemmParams p{};
   p.a = a;
   p.lda = lda;
   if (perm != nullptr) {
-    auto* permute = &w4a16::permute_cols_kernel<T>;
-    W4K_LAUNCH(permute, dim3(static_cast<unsigned>(size_m)), dim3(w4a16::kThreads), 0, stream, a,
-               lda, perm, a_perm_tmp, size_k);
+    auto* permute = &permute_cols_kernel<T>;
+    const dim3 grid(static_cast<unsigned>((size_k + 8 * kThreads - 1) / (8 * kThreads)),
+                    static_cast<unsigned>(size_m));
+    W4K_LAUNCH(permute, grid, dim3(kThreads), 0, stream, a, lda, perm, a_perm_tmp,
+               static_cast<int>(size_k));
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     p.a = a_perm_tmp;
@@ -503,18 +781,22 @@ cudaError_t launch_w4a16_gemm(const T* a, int64_t lda, const uint32_t* b_q_weigh
   p.b_q_weight = b_q_weight;
   p.b_scales = reinterpret_cast<const uint16_t*>(b_scales);
   p.b_zeros = b_zeros;
-  p.g_idx = g_idx;
+  p.g_idx = plan.mode == ScaleMode::kRow ? g_idx : nullptr;
   p.b_bias = b_bias;
   p.c = out;
-  p.size_m = size_m;
-  p.size_n = size_n;
-  p.size_k = size_k;
-  p.num_groups = num_groups;
-  p.group_size = g_idx != nullptr ? 1 : group_size;
-  p.stages_per_split = stages_per_split;
+  p.size_m = static_cast<int>(size_m);
+  p.size_n = static_cast<int>(size_n);
+  p.size_k = static_cast<int>(size_k);
+  p.num_groups = static_cast<int>(num_groups);
+  p.group_size = static_cast<int>(size_k / num_groups);
+  p.stages_per_split = static_cast<int>(plan.stages_per_split);
   p.c_tmp = c_tmp;
-  p.locks = locks;
-  return w4a16::launch_gemm<T>(p, stream);
+  p.counters = counters;
+  const dim3 grid(static_cast<unsigned>(plan.n_tiles), static_cast<unsigned>(plan.m_tiles),
+                  static_cast<unsigned>(plan.splits));
+  return dispatch_config(plan.m_blocks, plan.mode, [&](auto mb, auto mode) {
+    return launch_tile<T, decltype(mb)::value, decltype(mode)::value>(p, grid, stream);
+  });
 }
 
 }  // namespace w4k

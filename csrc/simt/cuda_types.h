@@ -98,6 +98,8 @@ inline __half2 __float2half2_rn(float f) { return __half2{__half(f), __half(f)};
 inline __half2 __floats2half2_rn(float lo, float hi) { return __half2{__half(lo), __half(hi)}; }
 inline __half2 __float22half2_rn(float2 f) { return __half2{__half(f.x), __half(f.y)}; }
 inline float2 __half22float2(__half2 h) { return float2{float(h.x), float(h.y)}; }
+inline __half2 __low2half2(__half2 h) { return __half2{h.x, h.x}; }
+inline __half2 __high2half2(__half2 h) { return __half2{h.y, h.y}; }
 inline __half __low2half(__half2 h) { return h.x; }
 inline __half __high2half(__half2 h) { return h.y; }
 inline float __low2float(__half2 h) { return float(h.x); }
@@ -128,6 +130,8 @@ inline __nv_bfloat162 __float22bfloat162_rn(float2 f) {
   return __nv_bfloat162{__nv_bfloat16(f.x), __nv_bfloat16(f.y)};
 }
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{float(h.x), float(h.y)}; }
+inline __nv_bfloat162 __low2bfloat162(__nv_bfloat162 h) { return __nv_bfloat162{h.x, h.x}; }
+inline __nv_bfloat162 __high2bfloat162(__nv_bfloat162 h) { return __nv_bfloat162{h.y, h.y}; }
 inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
 inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
 inline float __low2float(__nv_bfloat162 h) { return float(h.x); }

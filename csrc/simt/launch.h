@@ -217,6 +217,23 @@ inline cudaError_t cudaFuncSetAttribute(F* fn, cudaFuncAttribute attr, int value
   a.max_dynamic_smem[reinterpret_cast<const void*>(fn)] = value;
   return cudaSuccess;
 }
+// Blocks of `fn` one SM holds at once, modelled on sm_80 limits: 2048 threads, 32 blocks and
+// the opt-in shared memory per SM (registers are not modelled: nothing compiled here has a
+// register count). The emulator itself runs W4K_SIMT_WORKERS blocks at a time whatever this says.
+template <class F>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, F* fn,
+                                                                 int block_size, size_t smem) {
+  if (block_size <= 0 || block_size > 1024 ||
+      smem > size_t(simt::FuncAttributes::get().dynamic_smem_limit(
+                 reinterpret_cast<const void*>(fn))))
+    return simt::tl_last_error = cudaErrorInvalidValue;
+  int blocks = 2048 / block_size;
+  if (blocks > 32) blocks = 32;
+  if (smem > 0 && size_t(blocks) * smem > size_t(simt::max_smem_optin()))
+    blocks = int(size_t(simt::max_smem_optin()) / smem);
+  *num_blocks = blocks;
+  return cudaSuccess;
+}
 inline cudaError_t cudaGetDevice(int* dev) {
   *dev = 0;
   return cudaSuccess;

@@ -185,3 +185,12 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
+// fp32 arithmetic with one IEEE rounding each, never contracted into an fma (the host build
+// has no -mfma; the functions exist so kernels can say "no fma here" on nvcc too).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+// ld.global.cg (L2 only, no stale L1 line): the emulator has one coherent memory.
+template <class T>
+inline T __ldcg(const T* p) {
+  return *p;
+}

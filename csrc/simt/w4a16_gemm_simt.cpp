@@ -15,10 +15,6 @@
 namespace w4k {
 namespace {
 
-// Split-K as if on a GPU with room for 8 blocks, so that the small test shapes run 2..8 splits
-// through the workspace locks.
-constexpr int64_t kSimtTargetBlocks = 8;
-
 at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
                            const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
                            const std::optional<at::Tensor>& g_idx,
@@ -30,8 +26,15 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
   const W4a16GemmArgs args =
       check_w4a16_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
-  const W4a16LaunchTensors t = w4a16_prepare(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
-                                             size_m, size_n, size_k, kSimtTargetBlocks);
+  // The plan sees the emulated device: W4K_SIMT_SMS SMs (8) with sm_80 occupancy limits.
+  int num_sms = 0;
+  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0);
+  const W4a16LaunchTensors t =
+      a.scalar_type() == at::kHalf
+          ? w4a16_prepare<half>(a, b_q_weight, b_scales, g_idx, perm, workspace, args, size_m,
+                                size_n, size_k, num_sms)
+          : w4a16_prepare<__nv_bfloat16>(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
+                                         size_m, size_n, size_k, num_sms);
   if (size_m == 0) return t.out;
   simt_binding::run_simt("w4a16_gemm", [&] {
     if (a.scalar_type() == at::kHalf) {

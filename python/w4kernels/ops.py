@@ -118,8 +118,13 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
             None for symmetric weights (zero point 8).
         g_idx: int32 ``[K]`` group of each Marlin row, *sorted* (``g_idx[perm]``), or None.
         perm: int32 ``[K]`` act-order permutation (``argsort`` of the GPTQ g_idx), or None.
-        workspace: int32, at least ``N / 64 * 16`` elements, zero-filled (GPU lock array;
-            checked but not used by the CPU kernel).
+        workspace: int32, contiguous, at least 1 element, all zeros on first use (the GPU
+            kernel's split-K arrival counters, one per output tile that splits; it is left
+            zeroed). Any size works: split-K is used only when every tile's counter fits, so
+            vLLM's ``marlin_make_workspace_new`` (one int per SM) and :func:`marlin_workspace`
+            both do. Host backends check that it is zero; on the GPU a dirty workspace cannot
+            hang but gives wrong results, and two calls running concurrently (two streams)
+            need two workspaces.
         size_m, size_n, size_k: M, N, K. K is the local K of this shard.
         is_k_full: False when this is a row-parallel shard of an act-order layer: ``b_scales``
             then holds every group of the full layer and ``g_idx`` indexes it directly. With
