@@ -1,8 +1,9 @@
 """w4a16_gemm (vLLM gptq_marlin_gemm semantics) against independent references.
 
-* Numerics: ``reference.w4a16_gemm`` (float64 product of ``a[:, perm]`` and the weight
-  dequantized with one rounding to the activation dtype). The kernel differs only by its fp32
-  accumulation and the final rounding, so the tolerance is derived, not tuned (see ``tolerance``).
+* Numerics: ``reference.w4a16_gemm`` (float64 product of ``a[:, perm]`` and the weight:
+  dequantized with one rounding to the activation dtype when G > 1, unrounded ``(q - z) * s``
+  per channel, where the kernel scales the fp32 sum). The kernel differs only by its fp32
+  arithmetic and the final rounding, so the tolerance is derived, not tuned (see ``tolerance``).
 * Layout: the golden vectors (tests/data/marlin.json, produced by upstream vLLM / IST-DASLab
   code) are fed through the GEMM with an identity ``a``, which must return the decoded weight,
   scales and zero points exactly.
@@ -51,9 +52,13 @@ def make_case(m, size_k, size_n, group_size, dtype, act_order=None, zp=False, bi
         z = torch.randint(0, 16, (num_groups, size_n), dtype=torch.int32, generator=gen)
         b_zeros = reference.marlin_zero_points(z, num_groups, size_n)
     groups = g_idx.long() if g_idx is not None else torch.arange(size_k) // (size_k // num_groups)
-    w = ((q - (z[groups] if zp else 8)).double() * s.double()[groups]).to(dtype)
+    w_exact = (q - (z[groups] if zp else 8)).double() * s.double()[groups]
+    w = w_exact.to(dtype)
     return dict(
-        _w=w,  # the weight dequantized from the unpacked operands (for the tolerance)
+        _w=w,  # the weight dequantized (rounded to dtype) from the unpacked operands
+        _w_ref=w_exact if num_groups == 1 else w.double(),  # the one the reference multiplies
+        _qz=q - (z[groups] if zp else 8),  # integer weight q - z, Marlin row order
+        _s=s,  # unpermuted scales [G, N]
         a=torch.randn(m, size_k, generator=gen).to(dtype),
         b_q_weight=reference.marlin_pack(q),
         b_scales=b_scales,
@@ -86,19 +91,29 @@ def call(backend, case):
 def tolerance(case, ref):
     """Elementwise error bound of the kernel against the float64 reference ``ref``.
 
-    With the weights rounded identically, the only differences are (1) fp32 accumulation of K
-    products plus the bias: at most (K + 1) * 2^-24 * sum_k |a * w| (+ |bias|), and (2) the final
-    rounding to fp16/bf16: half an ulp, |ref| * 2^-11 (fp16) or 2^-8 (bf16), plus the smallest
-    fp16 subnormal for results near zero.
+    The kernel's fp32 value is ``sum_k a_k * w_k * (1 + t_k) + bias * (1 + t_b)`` where each
+    ``1 + t`` is a product of at most R factors ``(1 + d)``, |d| <= u = 2^-24, one per fp32
+    rounding the term goes through, so |t| <= gamma_R = R u / (1 - R u) (Higham, Accuracy and
+    Stability, 3.1) and the fp32 error is at most gamma_R * (sum_k |a * w| + |bias|), w the
+    reference's weight. Every product a * w is exact in fp32 (11-bit by at most 11-bit
+    significands), so the roundings are:
+
+    * G > 1: K - 1 additions of the products, then the bias add: R = K.
+    * G == 1: K - 1 additions of the products a * (q - z), the multiply of the sum by the scale
+      and the bias add (two separate roundings, the contract has no fma): R = K + 1.
+
+    Then the final rounding to fp16/bf16: half an ulp of the fp32 value, (|ref| + fp32 error)
+    * 2^-11 (fp16) or 2^-8 (bf16), plus the smallest fp16 subnormal for results near zero.
     """
     c = case
     a = c["a"].double()
     if c["perm"] is not None:
         a = a[:, c["perm"].long()]
-    mag = a.abs() @ c["_w"].double().abs()
+    mag = a.abs() @ c["_w_ref"].abs()
     if c["b_bias"] is not None:
         mag = mag + c["b_bias"].double().abs()
-    acc_err = (c["size_k"] + 1) * U_F32 * mag
+    roundings = c["size_k"] + (1 if c["b_scales"].shape[0] == 1 else 0)
+    acc_err = roundings * U_F32 / (1 - roundings * U_F32) * mag
     return U_OUT[c["a"].dtype] * (ref.abs() + acc_err) + acc_err + 2.0 ** -24
 
 
@@ -111,6 +126,9 @@ def check_against_reference(backend, case):
         w = reference.marlin_dequantize(c["b_q_weight"], c["b_scales"], c["b_zeros"],
                                         c["g_idx"], c["size_k"], c["size_n"])
         assert torch.equal(w, c["_w"])
+        w_ref = reference.w4a16_weight(c["b_q_weight"], c["b_scales"], c["b_zeros"],
+                                       c["g_idx"], c["size_k"], c["size_n"])
+        assert torch.equal(w_ref, c["_w_ref"])
     tol = tolerance(case, ref)
     err = (out.double() - ref).abs()
     worst = (err - tol).argmax()
@@ -206,6 +224,95 @@ def test_capped_isa(monkeypatch, cap, dtype, config, m):
     check_against_reference(b, make_case(m, 256, 128, args[0], dtype, *args[1:], seed=3))
 
 
+# Every CPU kernel path, by the environment that selects it on an AVX512-BF16 machine (on a
+# machine without some of them, several entries run the same path).
+CPU_PATHS = {
+    "default": {},
+    "lut": {"W4K_W4A16_LUT_ROWS": "64"},
+    "blocked": {"W4K_W4A16_LUT_ROWS": "0"},
+    "blocked-no-bf16-dot": {"W4K_W4A16_LUT_ROWS": "0", "W4K_W4A16_DPBF16": "0"},
+    "avx2": {"W4K_CPU_ISA": "avx2"},
+    "scalar": {"W4K_CPU_ISA": "scalar"},
+}
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("zp,act_order", [(False, None), (True, None), (False, "k_full"),
+                                          (True, "k_full")], ids=["sym", "zp", "act", "act_zp"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_cpu_paths_same_bits_per_channel(monkeypatch, dtype, zp, act_order, bias):
+    """Per channel, every CPU path must implement the epilogue identically: out =
+    T((acc * s) + bias), a separate fp32 multiply and add (no fma), after an exact (q - z)
+    dequantization. Small-integer activations make every fp32 partial sum of a * (q - z) an
+    exact integer (|acc| <= 8 * 15 * K < 2^24), so acc is the same in any summation order and
+    each path must match the contract to the bit (for general inputs the paths sum in
+    different orders and only agree within the rounding bound)."""
+    b = backend_or_skip("cpu", OP)
+    m, size_k, size_n = 33, 512, 128
+    case = make_case(m, size_k, size_n, -1, dtype, act_order, zp, bias, seed=13)
+    gen = torch.Generator().manual_seed(13)
+    case["a"] = torch.randint(-8, 9, (m, size_k), generator=gen).to(dtype)
+    a = case["a"].double()
+    if act_order:
+        a = a[:, case["perm"].long()]
+    acc = (a @ case["_qz"].double()).float()  # exact integers
+    y = acc * case["_s"].float()  # one fp32 rounding
+    y = y + (case["b_bias"].float() if bias else 0.0)  # another
+    expected = y.to(dtype)
+    for name, env in CPU_PATHS.items():
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            assert golden.same_bits(call(b, case), expected), name
+
+
+def _fma_witnesses(dtype, count, gen):
+    """`count` per-channel epilogues (acc, s, bias) whose contract result T((acc * s) + bias)
+    differs from the fused T(fma(acc, s, bias)): acc = sum_k A[k] * d[k] with A below and
+    integers d in [-8, 7] (exact in fp32: multiples of 2^-10 below 2^12), s and bias in T."""
+    found = []
+    while sum(len(f[0]) for f in found) < count:
+        d = torch.randint(-8, 8, (1 << 20, 4), generator=gen)
+        acc = (d.double() @ WITNESS_A.double()).float()
+        s = (torch.randn(1 << 20, generator=gen) * 0.01).to(dtype).float()
+        b = (acc * s * (torch.rand(1 << 20, generator=gen) * 4 - 2)).to(dtype).float()
+        contract = ((acc * s) + b).to(dtype)
+        # acc * s is exact in float64 (22 + 11 bits) and so is the sum (b's exponent is near
+        # the product's): one rounding to fp32 is the fma.
+        fused = (acc.double() * s.double() + b.double()).float().to(dtype)
+        hit = contract.view(torch.int16) != fused.view(torch.int16)
+        found.append((d[hit], s[hit], b[hit]))
+    d, s, b = (torch.cat(x)[:count] for x in zip(*found))
+    return d, s.to(dtype), b.to(dtype)
+
+
+WITNESS_A = torch.tensor([2.0 ** 8, 2.0 ** 2, 2.0 ** -4, 2.0 ** -10])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_cpu_paths_per_channel_epilogue_no_fma(monkeypatch, dtype):
+    """Per channel, the scale multiply and the bias add are two fp32 roundings on every path:
+    each of the 64 columns is an (acc, s, bias) whose output would differ if the two were
+    fused into one fma (as GCC contracts a * b + c wherever FMA is enabled) or reordered."""
+    b = backend_or_skip("cpu", OP)
+    size_k, size_n = 16, 64
+    d, s, bias = _fma_witnesses(dtype, size_n, torch.Generator().manual_seed(17))
+    q = torch.full((size_k, size_n), 8, dtype=torch.int32)
+    q[:4] += d.t().int()
+    case = make_case(1, size_k, size_n, -1, dtype, bias=True)
+    a = torch.zeros(1, size_k)
+    a[0, :4] = WITNESS_A
+    case.update(a=a.to(dtype), b_q_weight=reference.marlin_pack(q), b_bias=bias,
+                b_scales=reference.marlin_permute_scales(s.reshape(1, -1), size_k, size_n, -1))
+    acc = (d.double() @ WITNESS_A.double()).float()
+    expected = ((acc * s.float()) + bias.float()).to(dtype).reshape(1, -1)
+    for name, env in CPU_PATHS.items():
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            assert golden.same_bits(call(b, case), expected), name
+
+
 def test_scalar_and_avx512_agree(monkeypatch):
     """Both paths round the weights identically; only the fp32 summation order may differ."""
     b = backend_or_skip("cpu", OP)
@@ -216,24 +323,29 @@ def test_scalar_and_avx512_agree(monkeypatch):
     assert bool(((call(b, case).double() - fast.double()).abs() <= 2 * tol).all())
 
 
+@pytest.mark.parametrize("groups", [3, 1], ids=["grouped", "per_channel"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_weights_are_rounded_to_half_once(dtype):
-    """Regression: w = half((q - 8) * s) before the fp32 accumulation (real Marlin's order).
-    All weights of a column are equal, a = 1 and K = 1008 < 2^13, so every fp32 partial sum
-    j * w is exact and the output must be half(K * half(7 * s)) to the bit; accumulating the
-    unrounded product 7 * s instead gives half(K * 7 * s), which differs for some columns."""
+def test_where_the_scale_is_applied(dtype, groups):
+    """Regression for the two contracts. All weights of a column are equal (q - 8 = 7, the same
+    scale in every group), a = 1 and K = 1008 < 2^13, so every fp32 partial sum is exact:
+
+    * G > 1: w = T(7 * s) before the fp32 accumulation, the output is T(K * T(7 * s));
+    * G == 1: the scale multiplies the fp32 sum K * 7, the output is T(fp32(K * 7 * s)) (the
+      product is exact: 9 significant bits of 7056 times those of s).
+
+    The scales make the two differ in some columns, so each kernel must use its own order."""
     b = backend_or_skip("cpu", OP)
     size_k, size_n = 1008, 64
     q = torch.full((size_k, size_n), 15, dtype=torch.int32)  # q - 8 = 7
     s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n)
     case = make_case(1, size_k, size_n, -1, dtype)
     case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
-                b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1))
-    w = (7.0 * s.double()).to(dtype).double()
-    expected = (size_k * w).to(dtype)
-    unrounded = (size_k * 7.0 * s.double()).to(dtype)
-    assert not torch.equal(expected, unrounded), "scales must make the two orders differ"
-    assert golden.same_bits(call(b, case), expected)
+                b_scales=reference.marlin_permute_scales(s.repeat(groups, 1), size_k, size_n,
+                                                         size_k // groups if groups > 1 else -1))
+    rounded_first = (size_k * (7.0 * s.double()).to(dtype).double()).to(dtype)
+    scaled_sum = (size_k * 7.0 * s.double()).to(dtype)
+    assert not torch.equal(rounded_first, scaled_sum), "scales must make the two orders differ"
+    assert golden.same_bits(call(b, case), rounded_first if groups > 1 else scaled_sum)
 
 
 def test_a_with_row_stride():

@@ -338,11 +338,11 @@ __attribute__((target("avx512f"))) inline void lut_tiles_avx512(
 // One chunk, rows [m0, m0 + rows), through the lookup-table path. tile_group[kt] is the group
 // of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries): such tiles
 // are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into `extra`
-// (wbuf column order), which is added at the end. sc/zf: decode_chunk_groups output.
+// (wbuf column order), which is added at the end. sc/zf/chan_scale: decode_chunk_groups output.
 template <bool kFp16>
 __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem& p, int64_t ch,
-                                                         int64_t m0, int64_t rows,
-                                                         const float* sc, const float* zf,
+                                                         int64_t m0, int64_t rows, const float* sc,
+                                                         const float* zf, const float* chan_scale,
                                                          const int32_t* tile_group,
                                                          std::vector<float>& lut,
                                                          std::vector<float>& acc) {
@@ -391,8 +391,8 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
       for (int cc = 0; cc < 8; ++cc) {
         const int col = 16 * (cc / 2) + c + 8 * (cc % 2);
         const __m512 v = _mm512_loadu_ps(acc.data() + i * 1024 + c * 128 + cc * 16);
-        c_row[col] = _mm512_reduce_add_ps(v) + extra[i * 64 + tb.xcol[col]] +
-                     (bias ? bias[col] : 0.0f);
+        c_row[col] = epilogue(_mm512_reduce_add_ps(v) + extra[i * 64 + tb.xcol[col]], chan_scale,
+                              col, bias ? bias[col] : 0.0f);
       }
   }
 }

@@ -2,10 +2,14 @@
 // raw pointers and sizes; the binding (w4a16_gemm.cpp) converts/permutes a, converts the scales
 // and the output, and runs `w4a16_gemm_cpu_chunks` over column chunks in parallel.
 //
-// Numerics (vLLM gptq_marlin_gemm): each weight is dequantized to the activation's half type,
-// w = half((q - z) * s) with ONE round-to-nearest-even ((q - z) * s is exact in fp32: a 5-bit
-// integer times an 11-bit (fp16) or 8-bit (bf16) significand), then the products a * w are
-// accumulated in fp32. The binding rounds the fp32 result (+ bias) to half once.
+// Numerics (vLLM gptq_marlin_gemm), T = the activation's half type:
+// * grouped (G > 1): each weight is dequantized to T, w = T((q - z) * s) with ONE
+//   round-to-nearest-even ((q - z) * s is exact in fp32: a 5-bit integer times an 11-bit (fp16)
+//   or 8-bit (bf16) significand), the products a * w are accumulated in fp32, then + bias.
+// * per-channel (G == 1, Marlin's structure): the weight is the exact integer q - z (the scale
+//   is 1 in the dequantization), the products a * (q - z) are accumulated in fp32, and the
+//   epilogue computes y = acc * s[n], then y + bias, two separate fp32 roundings (epilogue()).
+// The binding rounds the fp32 result to T once.
 //
 // Work unit: one 64-column chunk (Marlin words [kt, 128*ch .. 128*ch + 127] for every k-tile kt)
 // times a range of rows of a. Blocked path: per k-tile the 128 words decode into a 16 x 64 block
@@ -80,15 +84,23 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
 
 // Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
 // scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
-// chunk) and per 32 columns when G == 1.
-inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf) {
+// chunk) and per 32 columns when G == 1. Per-channel (G == 1, chan_scale != nullptr) the scales
+// go to chan_scale[n] (chunk column order) for the epilogue and sc is all ones, so every path
+// dequantizes to the exact q - z without a per-channel variant of its own.
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
+                                float* chan_scale) {
   const MarlinChunkTables& tb = chunk_tables();
   for (int64_t g = 0; g < p.num_groups; ++g) {
     const float* s_row = p.scales + g * p.size_n + 64 * ch;
     for (int x = 0; x < 64; ++x) {
       int n = tb.colperm[x];
       int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
-      sc[g * 64 + x] = s_row[src];
+      if (chan_scale) {
+        chan_scale[n] = s_row[src];
+        sc[g * 64 + x] = 1.0f;
+      } else {
+        sc[g * 64 + x] = s_row[src];
+      }
       if (zf) {
         const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
         uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
@@ -117,6 +129,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool has_zp = p.zeros != nullptr;
   std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
   std::vector<float> wbuf(kKc * 64), acc(rows * 64);
+  float chan_scale_buf[64];
+  float* chan_scale = p.num_groups == 1 ? chan_scale_buf : nullptr;  // per-channel epilogue
   const float* srow[16];
   const float* zrow[16];
   const bool avx512 = isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16;
@@ -144,14 +158,16 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   (void)use_lut;
   (void)use_dpbf16;  // both unused when the AVX-512 paths are compiled out
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
-    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr);
+    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
 #ifdef W4K_HAVE_AVX512_PATH
     if (use_lut) {
       const float* z = has_zp ? zf.data() : nullptr;
       if (p.weight_type == HalfType::kFloat16)
-        lut_chunk_avx512<true>(p, ch, m0, rows, sc.data(), z, tile_group.data(), lut, lut_acc);
+        lut_chunk_avx512<true>(p, ch, m0, rows, sc.data(), z, chan_scale, tile_group.data(), lut,
+                               lut_acc);
       else
-        lut_chunk_avx512<false>(p, ch, m0, rows, sc.data(), z, tile_group.data(), lut, lut_acc);
+        lut_chunk_avx512<false>(p, ch, m0, rows, sc.data(), z, chan_scale, tile_group.data(), lut,
+                                lut_acc);
       continue;
     }
 #endif
@@ -204,7 +220,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
       for (int x = 0; x < 64; ++x) {
         int n = tb.colperm[x];
-        c_row[n] = acc[i * 64 + x] + (bias ? bias[n] : 0.0f);
+        c_row[n] = epilogue(acc[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
       }
     }
   }

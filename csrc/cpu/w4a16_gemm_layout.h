@@ -1,6 +1,6 @@
 // Torch-free basics of the CPU w4a16_gemm kernel: the problem description, the Marlin chunk
-// index tables and scalar rounding to fp16/bf16 precision. Used by w4a16_gemm_avx512.h and
-// w4a16_gemm_kernel.h.
+// index tables, the fp32 epilogue and scalar rounding to fp16/bf16 precision. Used by
+// w4a16_gemm_avx512.h and w4a16_gemm_kernel.h.
 //
 // Marlin chunk layout (derived from vLLM's weight perm; tests check it against golden vectors):
 // the 128 words of k-tile kt, chunk ch are b_q_weight[kt, 128*ch .. 128*ch + 127]; word
@@ -84,6 +84,19 @@ struct MarlinChunkTables {
 inline const MarlinChunkTables& chunk_tables() {
   static const MarlinChunkTables tables;
   return tables;
+}
+
+// ---- epilogue -----------------------------------------------------------------------------------
+
+// The fp32 epilogue of one output element, shared by every path so that they agree to the bit.
+// Grouped (chan_scale == nullptr): acc + bias. Per-channel: y = acc * s[n], then y + bias, two
+// fp32 roundings in this order (the contract). The volatile store keeps the compiler from
+// contracting them into one fma, which GCC does wherever FMA is enabled (in the AVX-512 target
+// functions, or everywhere under -march=native) and which would change the bits per path.
+inline float epilogue(float acc, const float* chan_scale, int n, float bias) {
+  if (chan_scale == nullptr) return acc + bias;
+  volatile float y = acc * chan_scale[n];
+  return y + bias;
 }
 
 // ---- scalar half-precision rounding (generic path; AVX-512 uses vcvtps2ph) ---------------------

@@ -94,16 +94,19 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
                use_fp32_reduce: bool = True, num_bits: int = 4) -> torch.Tensor:
     """fp16/bf16 activations times a Marlin int4 weight (vLLM ``gptq_marlin_gemm`` semantics).
 
-    ``out[m, n] = sum_r a[m, perm[r]] * w[r, n] (+ b_bias[n])``, where the weight row r of the
-    Marlin layout holds activation column ``perm[r]`` (act-order) or r, and
-    ``w[r, n] = (q[r, n] - z) * s`` rounded once to ``a``'s dtype (as Marlin dequantizes to
-    fp16/bf16 before its fp32-accumulating mma) with ``q`` the uint4 code,
-    ``s = b_scales[g(r), n]``, ``z = 8`` (GPTQ, symmetric) or the unpacked Marlin zero point
-    ``b_zeros[g(r), n]`` (AWQ), and ``g(r) = g_idx[r]`` (act-order) or ``r // group_size``
-    (``group_size = K / G``). The products are accumulated in fp32, the bias is added in fp32,
-    and the result is rounded once to ``a``'s dtype. (vLLM's GPU kernel applies per-channel
-    (G = 1) scales after the accumulation instead, ``half(half(acc) * s)``; the two differ by
-    about an ulp of the output.)
+    ``out[m, n] = sum_r a[m, perm[r]] * (q[r, n] - z) * s (+ b_bias[n])``, where the weight
+    row r of the Marlin layout holds activation column ``perm[r]`` (act-order) or r, ``q`` is
+    the uint4 code, ``s = b_scales[g(r), n]``, ``z = 8`` (GPTQ, symmetric) or the unpacked
+    Marlin zero point ``b_zeros[g(r), n]`` (AWQ), and ``g(r) = g_idx[r]`` (act-order) or
+    ``r // group_size`` (``group_size = K / G``). With T = ``a``'s dtype, it is computed as:
+
+    * G > 1 (grouped): ``w[r, n] = T((q - z) * s)``, each weight rounded once (as Marlin
+      dequantizes to fp16/bf16 before its fp32-accumulating mma); the products ``a * w`` are
+      accumulated in fp32, the bias is added in fp32, and the result is rounded once to T.
+    * G == 1 (per-channel; vLLM Marlin's structure): ``acc = sum_r a * (q - z)`` in fp32 with
+      the exact integer weight, then ``y = acc * s[n]`` and ``y + b_bias[n]`` as two fp32
+      roundings (no fma), then one rounding to T. (vLLM rounds ``acc`` to half and multiplies
+      by the half scale, ``half(half(acc) * s)``; the two differ by about an ulp of the output.)
 
     None and empty tensors both mean "absent" for ``b_zeros``, ``g_idx``, ``perm`` and
     ``b_bias``; ``g_idx`` and ``perm`` come together. M = 0 gives an empty ``[0, N]`` result.

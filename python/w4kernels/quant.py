@@ -37,8 +37,9 @@ class GPTQWeight:
 
     def dequantize(self, exact: bool = False) -> torch.Tensor:
         """``(q - 8) * s[g_idx[k]]`` as [K, N]: rounded once to the scales' dtype (what the
-        Marlin kernels multiply with), or, with ``exact``, unrounded in float64 (what int8 x
-        int4 kernels that apply the scale after the integer dot product compute with)."""
+        Marlin kernels multiply with when grouped), or, with ``exact``, unrounded in float64
+        (what kernels that apply the scale after the dot product compute with: int8 x int4, and
+        per-channel ``w4a16_gemm``)."""
         q = reference.unpack_rows(self.qweight, self.size_k)
         if exact:
             return (q - 8).double() * self.scales.double()[self._groups()]

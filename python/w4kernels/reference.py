@@ -217,14 +217,10 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
     return x.double() @ w
 
 
-def marlin_dequantize(b_q_weight: torch.Tensor, b_scales: torch.Tensor,
-                      b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor],
-                      size_k: int, size_n: int) -> torch.Tensor:
-    """The weight ``w[r, n]`` of Marlin row r, in ``b_scales.dtype`` (one rounding of (q-z)*s).
-
-    ``g(r) = g_idx[r]`` with act-order (g_idx sorted along Marlin rows), else
-    ``r // (K / G)``; z = 8 without zero points (symmetric GPTQ, uint4b8).
-    """
+def _marlin_codes_scales(b_q_weight: torch.Tensor, b_scales: torch.Tensor,
+                         b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor],
+                         size_k: int, size_n: int):
+    """(q - z as int32 [K, N], the scale of each element as float32 [K, N]), Marlin row order."""
     q = marlin_unpack(b_q_weight, size_k, size_n)
     s = marlin_unpermute_scales(b_scales, size_n)
     if g_idx is not None and g_idx.numel() > 0:
@@ -235,7 +231,32 @@ def marlin_dequantize(b_q_weight: torch.Tensor, b_scales: torch.Tensor,
         z = marlin_unpack_zero_points(b_zeros, size_n)[groups]
     else:
         z = torch.full_like(q, 8)
-    return ((q - z).float() * s.float()[groups] + 0.0).to(b_scales.dtype)
+    return q - z, s.float()[groups]
+
+
+def marlin_dequantize(b_q_weight: torch.Tensor, b_scales: torch.Tensor,
+                      b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor],
+                      size_k: int, size_n: int) -> torch.Tensor:
+    """The weight ``w[r, n]`` of Marlin row r, in ``b_scales.dtype`` (one rounding of (q-z)*s).
+
+    ``g(r) = g_idx[r]`` with act-order (g_idx sorted along Marlin rows), else
+    ``r // (K / G)``; z = 8 without zero points (symmetric GPTQ, uint4b8). This is the weight
+    :func:`w4a16_gemm` multiplies with when G > 1; per-channel (G == 1) it uses the unrounded
+    one (:func:`w4a16_weight`).
+    """
+    qz, s = _marlin_codes_scales(b_q_weight, b_scales, b_zeros, g_idx, size_k, size_n)
+    return (qz.float() * s + 0.0).to(b_scales.dtype)
+
+
+def w4a16_weight(b_q_weight: torch.Tensor, b_scales: torch.Tensor,
+                 b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor], size_k: int,
+                 size_n: int) -> torch.Tensor:
+    """The float64 weight of :func:`w4a16_gemm`: per channel (G == 1) the exact ``(q - z) * s``,
+    grouped (G > 1) :func:`marlin_dequantize`'s rounded one."""
+    if b_scales.shape[0] == 1:
+        qz, s = _marlin_codes_scales(b_q_weight, b_scales, b_zeros, g_idx, size_k, size_n)
+        return qz.double() * s.double()
+    return marlin_dequantize(b_q_weight, b_scales, b_zeros, g_idx, size_k, size_n).double()
 
 
 def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor,
@@ -244,10 +265,19 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
                size_n: int, size_k: int, is_k_full: bool = True,
                b_bias: Optional[torch.Tensor] = None,
                use_fp32_reduce: bool = True) -> torch.Tensor:
-    """``a[:, perm] @ marlin_dequantize(...) (+ bias)`` in float64 (see ops.w4a16_gemm)."""
+    """``a[:, perm] @ w (+ bias)`` in float64, ``w`` = :func:`w4a16_weight` (see ops.w4a16_gemm).
+
+    The value each kernel approximates with fp32 sums and one rounding of the output:
+
+    * G > 1 (grouped): ``w = T((q - z) * s)``, each weight rounded once to the activation dtype
+      T, as the kernels dequantize before they multiply.
+    * G == 1 (per-channel): ``w = (q - z) * s`` unrounded, i.e. ``s[n] * sum_k a * (q - z)``
+      exactly: the kernels sum ``a * (q - z)`` (exact integers) and multiply the fp32 sum by
+      the scale once (vLLM Marlin's structure), then add the bias.
+    """
     if perm is not None and perm.numel() > 0:
         a = a[:, perm.long()]
-    w = marlin_dequantize(b_q_weight, b_scales, b_zeros, g_idx, size_k, size_n).double()
+    w = w4a16_weight(b_q_weight, b_scales, b_zeros, g_idx, size_k, size_n)
     out = a.double() @ w
     if b_bias is not None:
         out = out + b_bias.double()
