@@ -54,6 +54,13 @@ else
     ARCH=$("$PYTHON" -c 'import torch
 if torch.cuda.is_available():
     print("%d.%d" % torch.cuda.get_device_capability(0))' 2> "$OUTDIR/detect.log")
+    detect_rc=$?
+    if ((detect_rc != 0)); then  # a broken torch is an error, not "no GPU"
+        echo "gpu_check: '$PYTHON -c \"import torch\"' failed (rc $detect_rc):" \
+             "$(tail -n 1 "$OUTDIR/detect.log")" >&2
+        printf '# gpu_check: torch failed to import\n\nSee detect.log.\n' > "$OUTDIR/summary.md"
+        exit 1
+    fi
     if [[ -z $ARCH ]]; then
         echo "gpu_check: no GPU visible (torch.cuda.is_available() is False); nothing to check." \
              "Summary: $OUTDIR/summary.md"
@@ -61,7 +68,6 @@ if torch.cuda.is_available():
           echo
           echo "No GPU visible to torch on $(hostname) ($(date -u +%FT%TZ)):" \
                "torch.cuda.is_available() is False; no step ran."
-          if [[ -s $OUTDIR/detect.log ]]; then echo; echo "torch import: see detect.log"; fi
         } > "$OUTDIR/summary.md"
         exit 0
     fi
@@ -139,7 +145,8 @@ skip_step() {  # skip_step STEP WHY
     record "$1" skipped 0 "$2" "-"
 }
 
-export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+# The in-place build comes first on the path; unbuffered output keeps a killed step's log.
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 # ---- 1. build: the CUDA module only, for this GPU, against the torch installed here ----------
 # Its own build-temp so objects of a CPU / emulator build in build/ are never mixed in.

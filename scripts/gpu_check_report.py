@@ -61,15 +61,15 @@ def cmd_ptxas(build_log, out_txt):
     # ninja may compile a file twice (e.g. after a failure); keep the last report per kernel.
     unique = {(k["arch"], k["name"]): k for k in kernels}
     kernels = sorted(unique.values(), key=lambda k: (k["arch"], k["name"]))
+    if not kernels:  # ninja found everything up to date: keep any earlier table
+        print("no .cu file recompiled (no ptxas reports in the build log)")
+        return
     names = _demangle([k["name"] for k in kernels])
     with open(out_txt, "w") as f:
         f.write(f"{'arch':<6} {'regs':>4} {'spill st':>8} {'spill ld':>8} {'stack':>6}  kernel\n")
         for k, name in zip(kernels, names):
             f.write(f"{k['arch']:<6} {k['regs'] if k['regs'] is not None else '?':>4} "
                     f"{k['st']:>8} {k['ld']:>8} {k['stack']:>6}  {name}\n")
-    if not kernels:
-        print("no ptxas reports in the build log")
-        return
     regs = [k["regs"] for k in kernels if k["regs"] is not None]
     spilling = sum(1 for k in kernels if k["st"] or k["ld"])
     print(f"{len(kernels)} kernels, max {max(regs) if regs else '?'} registers, "
