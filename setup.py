@@ -56,11 +56,15 @@ WITH_SIMT = os.environ.get("W4K_SIMT", "1") != "0"
 if WITH_CUDA and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
     os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
 
+# -std=c++20 pinned here rather than left to torch: cpp_extension adds its own default only
+# when no -std is given, and that default moved from c++17 to c++20 in torch 2.12/2.13 (newer
+# ATen headers refuse C++17). Pinning it compiles our sources in the same language mode under
+# every torch, e.g. the torch 2.11 of the GPU machines (scripts/gpu_check.sh) and 2.14 here.
 # -Wno-maybe-uninitialized: GCC 12 reports false positives inside its own AVX-512 intrinsics.
 # -g0 overrides the -g Python's own CFLAGS add: debug info roughly doubles the time spent on
 # torch's headers and CI time is a budget (the emulator module keeps line tables, below).
-CXX_FLAGS = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function", "-Wno-sign-compare",
-             "-Wno-maybe-uninitialized", "-g0"]
+CXX_FLAGS = ["-std=c++20", "-O3", "-fopenmp", "-Wall", "-Wno-unused-function",
+             "-Wno-sign-compare", "-Wno-maybe-uninitialized", "-g0"]
 LINK_FLAGS = ["-fopenmp"]
 INCLUDES = [os.path.join(ROOT, "csrc")]
 
@@ -69,7 +73,7 @@ ext_modules = []
 c_sources = ["csrc/ops.cpp"] + _rel("csrc/cpu/*.cpp")
 c_defines = []
 c_nvcc = [
-    "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v",
+    "-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v",
     "-Xptxas", "-warn-spills", "-Xcompiler", "-fopenmp",
 ]
 if WITH_CUDA:

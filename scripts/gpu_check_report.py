@@ -1,0 +1,148 @@
+"""Helpers of scripts/gpu_check.sh: read its logs, print one key figure per step, and write the
+summary. Standard library only (runs before, and independently of, the w4kernels build).
+
+    python scripts/gpu_check_report.py ptxas BUILD_LOG OUT_TXT   # per-kernel registers / spills
+    python scripts/gpu_check_report.py junit JUNIT_XML           # "P passed, F failed, ..."
+    python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR SUMMARY)
+    python scripts/gpu_check_report.py summary OUTDIR            # OUTDIR/summary.md
+
+OUTDIR/steps.tsv (written by gpu_check.sh) holds one line per step:
+``step <TAB> rc <TAB> seconds <TAB> key figure <TAB> log file``.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+BENCH_LOGS = [("bench_gpu_gemm", "bench_gpu_gemm.log"),
+              ("bench_cuda_repack", "bench_cuda_repack.log")]
+
+
+def _demangle(names):
+    """Demangled C++ names (c++filt when present; the mangled names otherwise)."""
+    tool = shutil.which("c++filt")
+    if not tool or not names:
+        return list(names)
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    return lines if out.returncode == 0 and len(lines) == len(names) else list(names)
+
+
+def parse_ptxas(log_text):
+    """[(arch, registers, spill store bytes, spill load bytes, stack bytes, mangled name)] from
+    nvcc ``-Xptxas -v`` output. A kernel's report starts at "Compiling entry function"; ptxas
+    prints the stack/spill line only when a figure is non-zero (CUDA 13), so they default to 0."""
+    kernels, cur = [], None
+    for line in log_text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line)
+        if m:
+            cur = {"name": m.group(1), "arch": m.group(2), "regs": None, "st": 0, "ld": 0,
+                   "stack": 0}
+            kernels.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                      r"loads", line)
+        if m:
+            cur["stack"], cur["st"], cur["ld"] = (int(g) for g in m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            cur["regs"] = int(m.group(1))
+    return kernels
+
+
+def cmd_ptxas(build_log, out_txt):
+    with open(build_log, errors="replace") as f:
+        kernels = parse_ptxas(f.read())
+    # ninja may compile a file twice (e.g. after a failure); keep the last report per kernel.
+    unique = {(k["arch"], k["name"]): k for k in kernels}
+    kernels = sorted(unique.values(), key=lambda k: (k["arch"], k["name"]))
+    if not kernels:  # ninja found everything up to date: keep any earlier table
+        print("no .cu file recompiled (no ptxas reports in the build log)")
+        return
+    names = _demangle([k["name"] for k in kernels])
+    with open(out_txt, "w") as f:
+        f.write(f"{'arch':<6} {'regs':>4} {'spill st':>8} {'spill ld':>8} {'stack':>6}  kernel\n")
+        for k, name in zip(kernels, names):
+            f.write(f"{k['arch']:<6} {k['regs'] if k['regs'] is not None else '?':>4} "
+                    f"{k['st']:>8} {k['ld']:>8} {k['stack']:>6}  {name}\n")
+    regs = [k["regs"] for k in kernels if k["regs"] is not None]
+    spilling = sum(1 for k in kernels if k["st"] or k["ld"])
+    print(f"{len(kernels)} kernels, max {max(regs) if regs else '?'} registers, "
+          f"{spilling} with spills")
+
+
+def cmd_junit(xml_path):
+    try:
+        root = ET.parse(xml_path).getroot()
+    except (OSError, ET.ParseError) as e:
+        print(f"no junit report ({type(e).__name__})")
+        return
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = {k: sum(int(s.get(k, 0)) for s in suites)
+             for k in ("tests", "failures", "errors", "skipped")}
+    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+    print(f"{passed} passed, {total['failures']} failed, {total['errors']} errors, "
+          f"{total['skipped']} skipped")
+
+
+def cmd_sanitizer(log):
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        print("no log")
+        return
+    found = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
+    print(f"{found[-1]} errors" if found else "no ERROR SUMMARY in the log")
+
+
+def cmd_summary(outdir):
+    steps = []
+    path = os.path.join(outdir, "steps.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            steps = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    header_path = os.path.join(outdir, "header.md")
+    lines = []
+    if os.path.exists(header_path):
+        with open(header_path) as f:
+            lines.append(f.read().rstrip("\n"))
+        lines.append("")
+    lines += ["| step | rc | seconds | key figure | log |", "|---|---|---|---|---|"]
+    for fields in steps:
+        fields += [""] * (5 - len(fields))
+        step, rc, secs, figure, log = fields[:5]
+        lines.append(f"| {step} | {rc} | {secs} | {figure} | {log} |")
+    for title, name in BENCH_LOGS:
+        log = os.path.join(outdir, name)
+        if os.path.exists(log):
+            with open(log, errors="replace") as f:
+                body = f.read().rstrip("\n")
+            lines += ["", f"## {title}", "", "```", body, "```"]
+    ptxas = os.path.join(outdir, "ptxas.txt")
+    if os.path.exists(ptxas):
+        with open(ptxas) as f:
+            lines += ["", "## ptxas (registers, spill bytes)", "", "```", f.read().rstrip("\n"),
+                      "```"]
+    with open(os.path.join(outdir, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv):
+    commands = {"ptxas": (cmd_ptxas, 2), "junit": (cmd_junit, 1),
+                "sanitizer": (cmd_sanitizer, 1), "summary": (cmd_summary, 1)}
+    if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    fn, _ = commands[argv[1]]
+    fn(*argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
