@@ -11,10 +11,11 @@ Variants covered (the kernel's template/launch choices, not only the ops):
 
 * marlin_repack with and without act-order ``perm``; awq_marlin_repack; awq_dequantize fp16/bf16;
 * awq_gemm with split_k_iters 1 and 8 (split-K reduction), M = 1 and 33;
-* w4a16_gemm: M = 1, 17, 64, 65 (16-, 32-, 64-row tiles and two block rows), per-channel,
-  group 128, zero points (AWQ), act-order with ``is_k_full`` True and False (row-parallel shard),
-  bias, fp16 and bf16; split-K (M = 1, N = 256, K = 4096) and a launch without split-K (17
-  block rows exceed the 16 split-K locks per column block).
+* w4a16_gemm: M = 1, 17, 33, 64, 65 (16-, 32-, 48-, 64-row tiles and two row tiles), every
+  scale path (per-channel, groups 32/64/128 with and without zero points, act-order with
+  ``is_k_full`` True and False, group 96 through the row-group path), bias, fp16 and bf16, N = 192
+  (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters) and a
+  launch without split-K (K = 128 is one pipeline stage).
 
     python scripts/gpu_sanitize_cases.py              # the CUDA kernels on the GPU
     python scripts/gpu_sanitize_cases.py --simt       # the same kernels under the SIMT emulator
@@ -158,8 +159,8 @@ class Cases:
         a_rows = a[:, mw.perm.long()] if mw.perm is not None else a
         result = _within_bound(out, ref, a_rows, w, b_bias)
         held = int(workspace.count_nonzero())
-        if held:  # the split-K locks must be released (zeroed) for the next call
-            return Result(result.err, False, f"{held} workspace locks left non-zero")
+        if held:  # the split-K arrival counters must be back at zero for the next call
+            return Result(result.err, False, f"{held} workspace counters left non-zero")
         return result
 
 
@@ -179,8 +180,8 @@ def case_list(c: Cases):
             dt = f16 if split == 1 else bf16
             cases.append((f"awq_gemm {DTYPE_NAME[dt]} M={m} K=512 N=128 g128 split_k={split}",
                           lambda m=m, split=split, dt=dt: c.awq_gemm(m, 512, 128, 128, dt, split)))
-    # M picks the tile height: 16 rows (M=1), 32 (M=17), 64 (M=64), and two block rows (M=65).
-    for m, dt in ((1, f16), (17, bf16), (64, f16), (65, bf16)):
+    # M picks the tile height: 16 rows (M=1), 32 (M=17), 48 (M=33), 64 (M=64), two row tiles (65).
+    for m, dt in ((1, f16), (17, bf16), (33, f16), (64, f16), (65, bf16)):
         cases.append((f"w4a16_gemm {DTYPE_NAME[dt]} M={m} K=256 N=128 per-channel",
                       lambda m=m, dt=dt: c.w4a16_gemm(m, 256, 128, -1, dt)))
     options = [  # (label, group_size, variant, bias)
@@ -189,6 +190,8 @@ def case_list(c: Cases):
         ("g128 act-order k_full", 128, "act", False),
         ("g128 act-order shard (is_k_full=False)", 128, "shard", False),
         ("g128 bias", 128, "gptq", True),
+        ("g32 zero-points", 32, "awq", False),
+        ("g64", 64, "gptq", True),
     ]
     for label, gs, variant, bias in options:
         for m, dt in ((1, f16), (33, bf16)):
@@ -198,8 +201,12 @@ def case_list(c: Cases):
     cases += [
         ("w4a16_gemm fp16 M=1 K=4096 N=256 g128 split-K",
          lambda: c.w4a16_gemm(1, 4096, 256, 128, f16)),
-        ("w4a16_gemm bf16 M=1040 K=128 N=64 per-channel no split-K (17 block rows)",
+        ("w4a16_gemm bf16 M=1040 K=128 N=64 per-channel no split-K (one stage of K)",
          lambda: c.w4a16_gemm(1040, 128, 64, -1, bf16, bias=True)),
+        ("w4a16_gemm bf16 M=5 K=384 N=128 g96 (row-group path)",
+         lambda: c.w4a16_gemm(5, 384, 128, 96, bf16)),
+        ("w4a16_gemm fp16 M=9 K=256 N=192 g64 zero-points (half-empty column tile)",
+         lambda: c.w4a16_gemm(9, 256, 192, 64, f16, "awq", True)),
     ]
     return cases
 

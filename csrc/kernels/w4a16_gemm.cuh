@@ -327,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
   const bool s_col_valid = 2 * n_blk + s_col / 64 < num_chunks;
   const int s_sh_wr = s_copier ? L::kSOffset + s_slot * kTileN * 2 + 2 * s_col
                                : L::kZOffset + s_slot * (kTileN / 8) * 4 + s_col / 2;
-  const int4* s_gl_rd = nullptr;  // this thread's scale or zero-point source, 16-byte units
-  int s_gl_rd_delta = 0;          // int4s per group row
+  const uint32_t* s_gl_rd = nullptr;  // this thread's scale or zero-point source
+  int s_gl_rd_delta = 0;              // words per group row
   int s_gl_rd_delta_stage = 0;
   // Copies past K, or of a second chunk past N, or by threads that copy nothing: their row
   // threshold is never below k_left (one compare per copy and stage).
@@ -337,13 +337,12 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
     const int row = stage_begin * kStageK + 32 * s_slot;
     const int group = row / p.group_size;  // once, before the loop
     if (z_copier) {
-      s_gl_rd_delta = p.size_n / 32;  // N / 8 words
-      s_gl_rd = reinterpret_cast<const int4*>(p.b_zeros) + group * s_gl_rd_delta +
-                (n_blk * 16 + s_col / 8) / 4;
+      s_gl_rd_delta = p.size_n / 8;
+      s_gl_rd = p.b_zeros + static_cast<int64_t>(group) * s_gl_rd_delta + n_blk * 16 + s_col / 8;
     } else {
-      s_gl_rd_delta = p.size_n / 8;  // N halves
-      s_gl_rd = reinterpret_cast<const int4*>(p.b_scales) + group * s_gl_rd_delta +
-                (n_blk * kTileN + s_col) / 8;
+      s_gl_rd_delta = p.size_n / 2;  // N halves = N / 2 words
+      s_gl_rd = reinterpret_cast<const uint32_t*>(p.b_scales) +
+                static_cast<int64_t>(group) * s_gl_rd_delta + (n_blk * kTileN + s_col) / 2;
     }
     s_gl_rd_delta_stage = (kStageK / p.group_size) * s_gl_rd_delta;
   }
