@@ -35,8 +35,7 @@ inline bool awq_aligned16(const at::Tensor& t) {
 // elements: t itself when it already is one, else a zero-padded copy [rows, round_up(cols)].
 inline at::Tensor awq_padded_rows(const at::Tensor& t, int64_t multiple) {
   const int64_t cols = t.size(1);
-  if (t.stride(1) == 1 && t.stride(0) % multiple == 0 && cols % multiple == 0 &&
-      awq_aligned16(t))
+  if (t.stride(1) == 1 && t.stride(0) % multiple == 0 && cols % multiple == 0 && awq_aligned16(t))
     return t;
   at::Tensor padded =
       at::zeros({t.size(0), (cols + multiple - 1) / multiple * multiple}, t.options());
@@ -55,14 +54,14 @@ inline cudaError_t awq_gemm_dequantize_weight(const at::Tensor& qweight, const a
   const auto* q = reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>());
   const auto* z = reinterpret_cast<const uint32_t*>(qzeros.data_ptr<int32_t>());
   if (scales.scalar_type() == at::kHalf) {
-    return launch_awq_dequantize<half>(q, reinterpret_cast<const half*>(s.data_ptr<at::Half>()),
-                                       z, reinterpret_cast<half*>(w.data_ptr<at::Half>()),
-                                       size_k, size_n, group_size, 0, 0, stream);
+    return launch_awq_dequantize<half>(q, reinterpret_cast<const half*>(s.data_ptr<at::Half>()), z,
+                                       reinterpret_cast<half*>(w.data_ptr<at::Half>()), size_k,
+                                       size_n, group_size, 0, 0, stream);
   }
   return launch_awq_dequantize<__nv_bfloat16>(
       q, reinterpret_cast<const __nv_bfloat16*>(s.data_ptr<at::BFloat16>()), z,
-      reinterpret_cast<__nv_bfloat16*>(w.data_ptr<at::BFloat16>()), size_k, size_n, group_size,
-      0, 0, stream);
+      reinterpret_cast<__nv_bfloat16*>(w.data_ptr<at::BFloat16>()), size_k, size_n, group_size, 0,
+      0, stream);
 }
 
 // The tensor-core kernel on x [M, K] (M below the dequant threshold); `out` is [M, N] in x's
@@ -90,17 +89,17 @@ inline cudaError_t awq_gemm_launch(const at::Tensor& x, const at::Tensor& qweigh
   const auto* q = reinterpret_cast<const uint32_t*>(qa.data_ptr<int32_t>());
   const auto* z = reinterpret_cast<const uint32_t*>(za.data_ptr<int32_t>());
   if (x.scalar_type() == at::kHalf) {
-    return launch_awq_gemm<half>(
-        reinterpret_cast<const half*>(xa.data_ptr<at::Half>()), xa.stride(0), q, qa.stride(0),
-        reinterpret_cast<const half*>(sa.data_ptr<at::Half>()), z, za.stride(0),
-        reinterpret_cast<half*>(out.data_ptr<at::Half>()), sp, cp, size_m, size_n, size_k,
-        group_size, plan, stream);
+    return launch_awq_gemm<half>(reinterpret_cast<const half*>(xa.data_ptr<at::Half>()),
+                                 xa.stride(0), q, qa.stride(0),
+                                 reinterpret_cast<const half*>(sa.data_ptr<at::Half>()), z,
+                                 za.stride(0), reinterpret_cast<half*>(out.data_ptr<at::Half>()),
+                                 sp, cp, size_m, size_n, size_k, group_size, plan, stream);
   }
   return launch_awq_gemm<__nv_bfloat16>(
       reinterpret_cast<const __nv_bfloat16*>(xa.data_ptr<at::BFloat16>()), xa.stride(0), q,
       qa.stride(0), reinterpret_cast<const __nv_bfloat16*>(sa.data_ptr<at::BFloat16>()), z,
-      za.stride(0), reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), sp, cp,
-      size_m, size_n, size_k, group_size, plan, stream);
+      za.stride(0), reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), sp, cp, size_m,
+      size_n, size_k, group_size, plan, stream);
 }
 
 }  // namespace w4k

@@ -25,13 +25,12 @@ at::Tensor awq_gemm_cuda(const at::Tensor& x, const at::Tensor& qweight, const a
   if (x.size(0) >= awq_gemm_dequant_threshold()) {  // many tokens: dequantize once + GEMM
     at::Tensor w = at::empty({qweight.size(0), 8 * qweight.size(1)}, scales.options());
     const cudaError_t err = awq_gemm_dequantize_weight(qweight, scales, qzeros, w, stream);
-    TORCH_CHECK(err == cudaSuccess, "awq_gemm: CUDA kernel launch failed: ",
-                cudaGetErrorString(err));
+    TORCH_CHECK(err == cudaSuccess,
+                "awq_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
     return at::matmul(x, w);
   }
   const cudaError_t err = awq_gemm_launch(x, qweight, scales, qzeros, split, out, stream);
-  TORCH_CHECK(err == cudaSuccess, "awq_gemm: CUDA kernel launch failed: ",
-              cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "awq_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
   return out;
 }
 

@@ -48,8 +48,11 @@
 //            two HMMAs, which halves the dequant cost per HMMA.
 //   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
-// kTileK = 64 when group_size % 64 == 0 (fewer barriers per HMMA), else 32.
-// Limits: M >= 1, N % 8 == 0, any K >= 1; x rows 16-byte aligned with K % 8 == 0 or zero
+// kTileK = 128 / 64 / 32, the largest that divides group_size (per-tile bookkeeping, barrier,
+// waits and copy addressing are paid per k-tile: at one m16 tile the dequantization alone costs
+// 8 instructions per HMMA, so the rest must be spread over as many HMMAs as possible); 32 on the
+// general path.
+// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; x rows 16-byte aligned with K % 8 == 0 or zero
 // padding up to a multiple of 8 (the bindings copy x otherwise); qweight / qzeros row strides
 // multiples of 4 words, all pointers 16-byte aligned.
 #pragma once
@@ -66,13 +69,12 @@ namespace awq {
 
 constexpr int kGemmThreads = 128;  // 4 warps
 constexpr int kGemmWarps = kGemmThreads / 32;
-constexpr int kStages = 4;         // cp.async pipeline depth
 // Split-K scratch bound: splits are reduced until splits * tiles * kTileM * kTileN fp32 fit.
 constexpr int64_t kMaxScratchBytes = int64_t{4} << 20;
 
-template <int kMTiles_,      // m16 tiles per warp (a dequantized B fragment feeds kMTiles HMMAs)
-          int kWarpsM_,      // warps along M; the other 4 / kWarpsM_ warps split N
-          int kTileK_,       // k rows per pipeline stage (32 or 64)
+template <int kMTiles_,         // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
+          int kWarpsM_,         // warps along M; the other 4 / kWarpsM_ warps split N
+          int kTileK_,          // k rows per pipeline stage (32, 64 or 128)
           bool kGroupPerTile_>  // group_size % kTileK == 0: one scales/qzeros row per stage
 struct Config {
   static constexpr int kMTiles = kMTiles_;
@@ -84,6 +86,9 @@ struct Config {
   static constexpr int kTileN = 64 * kWarpsN;
   static constexpr int kWordsN = kTileN / 8;  // qweight words per tile row
   static constexpr int kKSteps = kTileK / 16;
+  // cp.async pipeline depth: 4 stages, 3 for 128-row k-tiles (70-84 KiB of shared memory, so
+  // that two blocks still fit on an SM).
+  static constexpr int kStages = kTileK == 128 ? 3 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
   // scales [kTileN] and qzeros [kWordsN] of the stage's group (kGroupPerTile), or the group
@@ -106,18 +111,32 @@ struct Config {
   static constexpr int kStageBytes = kGOffset + kGBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 
-  // Copy work of one stage in 16-byte chunks; thread tid takes chunks tid + kGemmThreads * i.
+  // Copy work of one stage in 16-byte chunks. A thread copies kBCpt chunks of one row per
+  // visited row, kBTpr threads share a row: chunk j of thread u of a row is chunk j * kBTpr + u,
+  // so consecutive lanes copy consecutive chunks (whole 32-byte sectors per instruction) and a
+  // thread's chunks sit at compile-time offsets from one pointer per visited row.
   static constexpr int kBChunksPerRow = kWordsN / 4;
   static constexpr int kBIters = kTileK * kBChunksPerRow / kGemmThreads;
+  static constexpr int kBCpt = kBIters < kBChunksPerRow / 2 ? kBIters : kBChunksPerRow / 2;
+  static constexpr int kBTpr = kBChunksPerRow / kBCpt;
+  static constexpr int kBRowsPerSweep = kGemmThreads / kBTpr;
+  static constexpr int kBVisits = kBIters / kBCpt;
+  // A: the same scheme; with fewer chunks than threads, threads past the tile's rows idle.
   static constexpr int kAChunksPerRow = kTileK / 8;
   static constexpr int kAChunks = kTileM * kAChunksPerRow;
   static constexpr int kAIters = (kAChunks + kGemmThreads - 1) / kGemmThreads;
+  static constexpr int kACpt = kAIters < kAChunksPerRow / 2 ? kAIters : kAChunksPerRow / 2;
+  static constexpr int kATpr = kAChunksPerRow / kACpt;
+  static constexpr int kARowsPerSweep = kGemmThreads / kATpr;
+  static constexpr int kAVisits = (kTileM + kARowsPerSweep - 1) / kARowsPerSweep;
   static constexpr int kSChunks = kTileN / 8;
   static constexpr int kZChunks = kWordsN / 4;
   static constexpr int kAcc = kMTiles * 8 * 4;  // fp32 accumulators per thread
 
-  static_assert(kTileK * kBChunksPerRow % kGemmThreads == 0, "whole B copy iterations");
-  static_assert(kAChunks % kGemmThreads == 0 || kAChunks < kGemmThreads, "A copy iterations");
+  static_assert(kTileK * kBChunksPerRow % kGemmThreads == 0 && kBIters % kBCpt == 0 &&
+                    kBRowsPerSweep * kBVisits == kTileK,
+                "whole B copy iterations");
+  static_assert(kAVisits * kACpt == kAIters || kAChunks < kGemmThreads, "whole A copy iterations");
   static_assert(kSChunks + kZChunks <= kGemmThreads, "one scales/zeros chunk per thread");
   static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
                     kZOffset % 16 == 0 && kGOffset % 16 == 0,
@@ -172,22 +191,21 @@ __device__ __forceinline__ __nv_bfloat162 dup_half(__nv_bfloat162 p, int hi) {
 __device__ __forceinline__ half2 pair_halves(half2 a, half2 b, int hi) {
   return hi ? __highs2half2(a, b) : __lows2half2(a, b);
 }
-__device__ __forceinline__ __nv_bfloat162 pair_halves(__nv_bfloat162 a, __nv_bfloat162 b,
-                                                      int hi) {
+__device__ __forceinline__ __nv_bfloat162 pair_halves(__nv_bfloat162 a, __nv_bfloat162 b, int hi) {
   return hi ? __highs2bfloat162(a, b) : __lows2bfloat162(a, b);
 }
 
 struct GemmParams {
-  const void* x;             // [M, K] T, row stride ldx (% 8 == 0), 16-byte aligned
-  const uint32_t* qweight;   // [K, N/8], row stride ldq words (% 4 == 0)
-  const void* scales;        // [G, N] T
-  const uint32_t* qzeros;    // [G, N/8], row stride ldz words (% 4 == 0)
-  void* out;                 // [M, N] T, contiguous
-  float* scratch;            // [tiles][splits][kAcc / 4][kGemmThreads] float4 (splits > 1)
-  int* counters;             // [tiles], zero on entry and on exit (splits > 1)
+  const void* x;            // [M, K] T, row stride ldx (% 8 == 0), 16-byte aligned
+  const uint32_t* qweight;  // [K, N/8], row stride ldq words (% 4 == 0)
+  const void* scales;       // [G, N] T
+  const uint32_t* qzeros;   // [G, N/8], row stride ldz words (% 4 == 0)
+  void* out;                // [M, N] T, contiguous
+  float* scratch;           // [tiles][splits][kAcc / 4][kGemmThreads] float4 (splits > 1)
+  int* counters;            // [tiles], zero on entry and on exit (splits > 1)
   int64_t ldx, ldq, ldz;
   int64_t size_m, size_n, size_k, group_size;
-  int64_t tiles_per_split;   // k-tiles per split (blockIdx.z)
+  int64_t tiles_per_split;  // k-tiles per split (blockIdx.z)
 };
 
 template <typename T, typename C>
@@ -210,102 +228,113 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   const uint64_t policy = ptx::createpolicy_evict_first();
 
   // ---- copy side: per-thread source pointers, advanced by one k-tile per fetch --------------
-  // B: chunk tid + 128 i = row tid / kBChunksPerRow + i * kBRowStep, words 4 * (tid % ...).
-  // Word columns past N read the last real chunk (an output column depends on its own weight
-  // column only, and columns >= N are never stored).
-  constexpr int kBRowStep = kGemmThreads / C::kBChunksPerRow;
-  const int b_chunk = tid % C::kBChunksPerRow;
-  const int64_t b_gl_col = min(n_word0 + 4 * b_chunk, p.ldq - 4);
-  const int b_row = tid / C::kBChunksPerRow;
-  int64_t b_k = k_begin + b_row;  // row of chunk 0 (chunk i: + i * kBRowStep)
-  const uint32_t* b_gl_rd = p.qweight + b_k * p.ldq + b_gl_col;
-  const uint32_t* const b_gl_last_row = p.qweight + (p.size_k - 1) * p.ldq + b_gl_col;
-  const int64_t b_gl_rd_delta_i = kBRowStep * p.ldq;      // between a thread's chunks
-  const int64_t b_gl_rd_delta_t = C::kTileK * p.ldq;      // between k-tiles
-  const int b_sh_wr = (b_row * C::kBRowWords + 4 * b_chunk) * 4;
-  constexpr int kBShWrDeltaI = kBRowStep * C::kBRowWords * 4;
-
-  // A: chunk tid + 128 i = row r_i = tid / kAChunksPerRow + i * kARowStep, k 8 * (tid % ...).
-  constexpr int kARowStep = kGemmThreads / C::kAChunksPerRow;
-  const int a_chunk = tid % C::kAChunksPerRow;
-  const int a_row = tid / C::kAChunksPerRow;
-  const T* const x = static_cast<const T*>(p.x);
-  const T* a_gl_rd = x + (m0 + a_row) * p.ldx + k_begin + 8 * a_chunk;
-  const int64_t a_gl_rd_delta_i = kARowStep * p.ldx;
-  const int a_sh_wr = C::kAOffset + (a_row * C::kARowElems + 8 * a_chunk) * 2;
-  constexpr int kAShWrDeltaI = kARowStep * C::kARowElems * 2;
-  int a_rows_ok = 0;  // bit i: row r_i < M (constant over the loop)
+  // B: visit v = row b_row + v * kBRowsPerSweep, chunks j * kBTpr + b_u (Config). Chunks past
+  // the row (N edge) are not copied and rows past K (general path) neither: those words stay
+  // stale, which only affects columns >= N (never stored) or rows whose scale is forced to 0.
+  const int b_u = tid % C::kBTpr, b_row = tid / C::kBTpr;
+  const uint32_t* b_gl_rd[C::kBVisits];
 #pragma unroll
-  for (int i = 0; i < C::kAIters; ++i)
-    a_rows_ok |= (m0 + a_row + i * kARowStep < p.size_m ? 1 : 0) << i;
-  int64_t a_k_left = p.size_k - k_begin - 8 * a_chunk;  // chunk copied while > 0 (K % 8 == 0)
+  for (int v = 0; v < C::kBVisits; ++v)
+    b_gl_rd[v] = p.qweight + (k_begin + b_row + v * C::kBRowsPerSweep) * p.ldq + n_word0 + 4 * b_u;
+  const int64_t b_gl_rd_delta_t = C::kTileK * p.ldq;  // between k-tiles
+  // Chunk j is inside the row while 4 * kBTpr * j < b_cols_left (all of them but on the last
+  // N tile); 32-bit, compared with an immediate per chunk.
+  const int b_cols_left = static_cast<int>(min(p.ldq - n_word0 - 4 * b_u, int64_t{1} << 30));
+  int b_k_left = static_cast<int>(p.size_k - k_begin) - b_row;  // visit v copied if > v * sweep
+  const int b_sh_wr = (b_row * C::kBRowWords + 4 * b_u) * 4;
+
+  // A: visit v = row a_row + v * kARowsPerSweep, chunks j * kATpr + a_u. Rows >= M copy zeros
+  // (zfill) from valid row 0.
+  const int a_u = tid % C::kATpr, a_row = tid / C::kATpr;
+  const T* const x = static_cast<const T*>(p.x);
+  const T* a_gl_rd[C::kAVisits];
+  bool a_row_ok[C::kAVisits];
+#pragma unroll
+  for (int v = 0; v < C::kAVisits; ++v) {
+    const int r = a_row + v * C::kARowsPerSweep;
+    a_row_ok[v] = r < C::kTileM && m0 + r < p.size_m;
+    a_gl_rd[v] = x + (a_row_ok[v] ? (m0 + r) * p.ldx : 0) + k_begin + 8 * a_u;
+  }
+  const bool a_copier = C::kAChunks >= kGemmThreads || a_row < C::kTileM;
+  const int a_sh_wr = C::kAOffset + (a_row * C::kARowElems + 8 * a_u) * 2;
+  // K % kTileK != 0 only on the general path: there chunk j is copied while its k < K (K % 8 == 0
+  // or zero-padded x).
+  int a_k_left = static_cast<int>(p.size_k - k_begin) - 8 * a_u;
 
   // Scales / zeros of the group a fetched tile opens (per-tile path): threads [0, kSChunks)
-  // copy the scales row, [kSChunks, kSChunks + kZChunks) the qzeros row.
+  // copy the 8 scales of word column n_word0 + tid, [kSChunks, kSChunks + kZChunks) 4 qzeros
+  // words; one pointer each, advanced by one group row when a group ends.
+  const int group_size = static_cast<int>(p.group_size);
   const T* const scales = static_cast<const T*>(p.scales);
   const bool s_copier = tid < C::kSChunks;
-  const int sz_chunk = s_copier ? tid : tid - C::kSChunks;
   const bool sz_copier = tid < C::kSChunks + C::kZChunks;
-  const int64_t g_first = k_begin / p.group_size;  // once per block
-  int64_t fetch_group_off = k_begin - g_first * p.group_size;  // row offset inside the group
-  const T* s_gl_rd = scales + g_first * p.size_n + min(8 * (n_word0 + sz_chunk), p.size_n - 8);
-  const uint32_t* z_gl_rd =
-      p.qzeros + g_first * p.ldz + min(n_word0 + 4 * sz_chunk, p.ldz - 4);
+  const int sz_chunk = s_copier ? tid : tid - C::kSChunks;
+  const int64_t g_first = k_begin / p.group_size;                            // once per block
+  int fetch_group_off = static_cast<int>(k_begin - g_first * p.group_size);  // row in group
+  const char* sz_gl_rd =
+      s_copier ? reinterpret_cast<const char*>(scales + g_first * p.size_n +
+                                               min(8 * (n_word0 + sz_chunk), p.size_n - 8))
+               : reinterpret_cast<const char*>(p.qzeros + g_first * p.ldz +
+                                               min(n_word0 + 4 * sz_chunk, p.ldz - 4));
+  const int64_t sz_gl_rd_delta_g = s_copier ? p.size_n * 2 : p.ldz * 4;  // bytes per group
   const int sz_sh_wr = s_copier ? C::kSOffset + 16 * sz_chunk : C::kZOffset + 16 * sz_chunk;
 
-  // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid.
-  int64_t row_k = k_begin + tid, row_g = 0, row_off = 0;
-  int64_t tile_g = 0, tile_off = 0;  // kTileK = tile_g * group_size + tile_off
+  // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid
+  // (tile_g, tile_off: kTileK = tile_g * group_size + tile_off, divided once).
+  int row_k = static_cast<int>(k_begin) + tid, row_g = 0, row_off = 0, tile_g = 0, tile_off = 0;
   if (!C::kGroupPerTile) {
-    row_g = row_k / p.group_size;  // once per block
-    row_off = row_k - row_g * p.group_size;
-    tile_g = C::kTileK / p.group_size;
-    tile_off = C::kTileK - tile_g * p.group_size;
+    row_g = row_k / group_size;
+    row_off = row_k - row_g * group_size;
+    tile_g = C::kTileK / group_size;
+    tile_off = C::kTileK - tile_g * group_size;
   }
 
   bool first_fetch = true;
   auto fetch = [&](int stage) {
     char* const st = sh_bytes + stage * C::kStageBytes;
+    char* const b_sh = st + b_sh_wr;
 #pragma unroll
-    for (int i = 0; i < C::kBIters; ++i) {
-      const uint32_t* src = b_gl_rd + i * b_gl_rd_delta_i;
-      // Rows past K (general path, last tile): read row K - 1 instead; their weight is 0.
-      if (!C::kGroupPerTile && b_k + i * kBRowStep >= p.size_k) src = b_gl_last_row;
-      ptx::cp_async16_cg_evict_first(st + b_sh_wr + i * kBShWrDeltaI, src, policy);
+    for (int v = 0; v < C::kBVisits; ++v) {
+      if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
+#pragma unroll
+        for (int j = 0; j < C::kBCpt; ++j)
+          if (4 * C::kBTpr * j < b_cols_left)
+            ptx::cp_async16_cg_evict_first(
+                b_sh + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
+                b_gl_rd[v] + 4 * j * C::kBTpr, policy);
+      }
+      b_gl_rd[v] += b_gl_rd_delta_t;
     }
+    b_k_left -= C::kTileK;
+    if (a_copier) {
 #pragma unroll
-    for (int i = 0; i < C::kAIters; ++i) {
-      if (C::kAChunks % kGemmThreads == 0 || tid + i * kGemmThreads < C::kAChunks) {
-        const bool ok = ((a_rows_ok >> i) & 1) && a_k_left > 0;
-        ptx::cp_async16_cg_zfill(st + a_sh_wr + i * kAShWrDeltaI,
-                                 ok ? a_gl_rd + i * a_gl_rd_delta_i : x, ok);
+      for (int v = 0; v < C::kAVisits; ++v) {
+#pragma unroll
+        for (int j = 0; j < C::kACpt; ++j)
+          ptx::cp_async16_cg_zfill(
+              st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
+              a_gl_rd[v] + 8 * j * C::kATpr,
+              a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
+        a_gl_rd[v] += C::kTileK;
       }
     }
+    a_k_left -= C::kTileK;
     if (C::kGroupPerTile) {
-      if ((fetch_group_off == 0 || first_fetch) && sz_copier) {
-        const void* src = s_copier ? static_cast<const void*>(s_gl_rd)
-                                   : static_cast<const void*>(z_gl_rd);
-        ptx::cp_async16_cg_evict_first(st + sz_sh_wr, src, policy);
-      }
+      if ((fetch_group_off == 0 || first_fetch) && sz_copier)
+        ptx::cp_async16_cg_evict_first(st + sz_sh_wr, sz_gl_rd, policy);
       fetch_group_off += C::kTileK;
-      if (fetch_group_off == p.group_size) {
+      if (fetch_group_off == group_size) {
         fetch_group_off = 0;
-        s_gl_rd += p.size_n;
-        z_gl_rd += p.ldz;
+        sz_gl_rd += sz_gl_rd_delta_g;
       }
     } else if (tid < C::kTileK) {
-      reinterpret_cast<int*>(st + C::kGOffset)[tid] =
-          row_k < p.size_k ? static_cast<int>(row_g) : -1;
+      reinterpret_cast<int*>(st + C::kGOffset)[tid] = row_k < p.size_k ? row_g : -1;
       row_k += C::kTileK;
       row_g += tile_g;
       row_off += tile_off;
-      if (row_off >= p.group_size) row_off -= p.group_size, ++row_g;
+      if (row_off >= group_size) row_off -= group_size, ++row_g;
     }
     first_fetch = false;
-    b_gl_rd += b_gl_rd_delta_t;
-    b_k += C::kTileK;
-    a_gl_rd += C::kTileK;
-    a_k_left -= C::kTileK;
   };
 
   // ---- compute side -------------------------------------------------------------------------
@@ -313,10 +342,10 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   // B words of lane (g, t): rows 2t, 2t+1, 2t+8, 2t+9 of each k16 step, word 8 * warp_n + g.
   const int b_sh_rd = ((2 * t) * C::kBRowWords + 8 * warp_n + g) * 4;
   // A (16 x 16 per ldmatrix.x4): lane l addresses row l % 16, k 8 * (l / 16) of the k16 step.
-  const int a_sh_rd = C::kAOffset +
-      ((16 * C::kMTiles * warp_m + lane % 16) * C::kARowElems + 8 * (lane / 16)) * 2;
+  const int a_sh_rd =
+      C::kAOffset + ((16 * C::kMTiles * warp_m + lane % 16) * C::kARowElems + 8 * (lane / 16)) * 2;
   const int64_t lane_word = n_word0 + 8 * warp_n + g;  // this lane's qweight word column
-  int64_t comp_group_off = k_begin - g_first * p.group_size;
+  int comp_group_off = static_cast<int>(k_begin - g_first * p.group_size);
 
   float acc[C::kMTiles][8][4];
 #pragma unroll
@@ -333,18 +362,18 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 #pragma unroll
     for (int j = 0; j < 8; ++j) zb[h][j] = sc[h][j] = zero_pair;
 
-  // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
+      // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < C::kStages - 1; ++s) {
     if (s < num_tiles) fetch(s);
     ptx::cp_async_commit_group();
   }
 
-  int rd_stage = 0, wr_stage = kStages - 1;
+  int rd_stage = 0, wr_stage = C::kStages - 1;
   for (int it = 0; it < num_tiles; ++it) {
-    ptx::cp_async_wait_group<kStages - 2>();
+    ptx::cp_async_wait_group<C::kStages - 2>();
     __syncthreads();  // tile it visible to all; stage wr_stage (read at it - 1) free again
-    if (it + kStages - 1 < num_tiles) fetch(wr_stage);
+    if (it + C::kStages - 1 < num_tiles) fetch(wr_stage);
     ptx::cp_async_commit_group();
     const char* const st = sh_bytes + rd_stage * C::kStageBytes;
 
@@ -364,13 +393,13 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
         }
       }
       comp_group_off += C::kTileK;
-      if (comp_group_off == p.group_size) comp_group_off = 0;
+      if (comp_group_off == group_size) comp_group_off = 0;
     }
 
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
-      const uint32_t* bw = reinterpret_cast<const uint32_t*>(st + b_sh_rd) +
-                           16 * ks * C::kBRowWords;
+      const uint32_t* bw =
+          reinterpret_cast<const uint32_t*>(st + b_sh_rd) + 16 * ks * C::kBRowWords;
       const uint32_t q[4] = {bw[0], bw[C::kBRowWords], bw[8 * C::kBRowWords],
                              bw[9 * C::kBRowWords]};
       if (!C::kGroupPerTile) {
@@ -412,8 +441,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
         for (int j = 0; j < 8; ++j) mma::Dtype<T>::mma(a, frag[j], acc[mt][j]);
       }
     }
-    rd_stage = rd_stage == kStages - 1 ? 0 : rd_stage + 1;
-    wr_stage = wr_stage == kStages - 1 ? 0 : wr_stage + 1;
+    rd_stage = rd_stage == C::kStages - 1 ? 0 : rd_stage + 1;
+    wr_stage = wr_stage == C::kStages - 1 ? 0 : wr_stage + 1;
   }
   ptx::cp_async_wait_all();  // nothing in flight when the block exits
 
@@ -446,8 +475,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
           const float4 v = src[z * (C::kAcc / 4) * kGemmThreads];
           sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
         }
-        acc[mt][j][0] = sum.x, acc[mt][j][1] = sum.y, acc[mt][j][2] = sum.z,
-        acc[mt][j][3] = sum.w;
+        acc[mt][j][0] = sum.x, acc[mt][j][1] = sum.y, acc[mt][j][2] = sum.z, acc[mt][j][3] = sum.w;
       }
     if (tid == 0) p.counters[tile] = 0;  // ready for the next launch
   }
@@ -483,8 +511,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 // What a launch needs, computed from the shapes alone (the bindings size scratch and counters
 // from it, then call launch_awq_gemm with it).
 struct AwqGemmPlan {
-  int config = 0;            // 0: M <= 16, 1: M <= 32, 2: M > 32 (see the header comment)
-  int tile_k = 32;           // 32 or 64
+  int config = 0;   // 0: M <= 16, 1: M <= 32, 2: M > 32 (see the header comment)
+  int tile_k = 32;  // 32, 64 or 128
   bool group_per_tile = false;
   int64_t tile_m = 0, tile_n = 0;
   int64_t m_tiles = 0, n_tiles = 0, splits = 1, tiles_per_split = 0;
@@ -495,10 +523,10 @@ struct AwqGemmPlan {
 // split_k_iters (1..32): the k-tiles are dealt out in contiguous runs of
 // ceil(k_tiles / split_k_iters) (empty runs dropped), then halved until the scratch fits in
 // awq::kMaxScratchBytes. The plan, and so the result, depends on the shapes only.
-inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k,
-                                 int64_t group_size, int64_t split_k_iters) {
+inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
+                                 int64_t split_k_iters) {
   AwqGemmPlan pl;
-  pl.tile_k = group_size % 64 == 0 ? 64 : 32;
+  pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 ? 64 : 32;
   pl.group_per_tile = group_size % pl.tile_k == 0;
   pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
   pl.tile_m = pl.config == 0 ? 16 : pl.config == 1 ? 32 : 64;
@@ -511,8 +539,8 @@ inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k,
   for (;;) {
     pl.tiles_per_split = (k_tiles + splits - 1) / splits;
     pl.splits = (k_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split;
-    if (pl.splits == 1 || pl.splits * pl.m_tiles * pl.n_tiles * tile_floats * 4 <=
-                              awq::kMaxScratchBytes)
+    if (pl.splits == 1 ||
+        pl.splits * pl.m_tiles * pl.n_tiles * tile_floats * 4 <= awq::kMaxScratchBytes)
       break;
     splits = splits / 2;
   }
@@ -529,8 +557,8 @@ template <typename T, typename C>
 cudaError_t launch_config(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
   auto* kernel = &awq_gemm_kernel<T, C>;
   if (C::kSmemBytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
     if (err != cudaSuccess) return err;
   }
   // M tiles on grid.x (limit 2^31 - 1), N tiles on grid.y, splits on grid.z.
@@ -573,6 +601,7 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
   p.ldx = ldx, p.ldq = ldq, p.ldz = ldz;
   p.size_m = size_m, p.size_n = size_n, p.size_k = size_k, p.group_size = group_size;
   p.tiles_per_split = plan.tiles_per_split;
+  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, true>(p, plan, stream);
   if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, true>(p, plan, stream);
   if (plan.group_per_tile) return awq::launch_tile_k<T, 32, true>(p, plan, stream);
   return awq::launch_tile_k<T, 32, false>(p, plan, stream);
