@@ -10,6 +10,13 @@ parametrization on 'simt' too, with split_k_iters = 8).
   identical bits; and one split computes each output from a single fp32 accumulator chain per
   tile, so the result must not depend on the split count by more than the error bound.
 * Exactness: x = I gives out = the dequantized weight bit for bit (one product per output).
+* Configurations: M on both sides of every per-M tile (16 / 32 / 64 rows), every group path
+  (k-tiles of 128, 64, 32 rows, the general per-row path), N = 64 x odd (partial 256- and
+  128-column tiles), large K with many splits.
+* Schedules: every split path gives the same bits under the forward, reverse and shuffle thread
+  orders and with 1 or 4 concurrently running blocks (the last-arriving split, not a fixed one,
+  sums the partials: the sum order must not depend on which block arrives last).
+* Dispatch: from W4K_AWQ_DEQUANT_THRESHOLD rows on, awq_dequantize + matmul (both sides tested).
 """
 
 import pytest
@@ -93,3 +100,96 @@ def test_identity_gives_dequantized_weight(dtype):
     for split in (1, 3):
         out = simt().op("awq_gemm")(x, qw, s, qz, split)
         assert golden.same_bits(out, reference.awq_dequantize(qw, s, qz))
+
+
+# ---- per-M configurations, group paths, splits ----------------------------------------------
+
+M_ALL_CONFIGS = [1, 7, 8, 9, 16, 17, 33, 64, 65, 200]  # 16 / 32 / 64-row tiles, their edges
+
+
+@pytest.mark.parametrize("group_size", [128, 64, 32, -1])
+@pytest.mark.parametrize("size_m", M_ALL_CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_every_config(dtype, size_m, group_size):
+    """K = 256: group 128 and per-channel take 128-row k-tiles, 64 and 32 their own; N = 192 =
+    64 x 3 leaves the 256-column tile (M <= 32) and the second 128-column tile (M > 32)
+    partial."""
+    _check(*_case(size_m, 256, 192, group_size, dtype, seed=size_m + group_size), 2)
+
+
+@pytest.mark.parametrize("split", range(1, 9))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_large_k_many_splits(dtype, split):
+    """K = 4096 (32 k-tiles of 128 rows), N = 320 = 64 x 5: up to 8 splits of a long K."""
+    _check(*_case(5, 4096, 320, 128, dtype, seed=split), split)
+
+
+# Each split path: (M, K, N, group size, split_k_iters): k-tile 128, 64, 32, the general path
+# (group 24 and a K tail), each with one split and several.
+SPLIT_PATHS = [
+    (9, 512, 192, 128, 1), (9, 512, 192, 128, 4), (20, 512, 320, -1, 3),
+    (40, 256, 192, 64, 4), (3, 256, 64, 64, 2),
+    (17, 256, 192, 32, 8), (70, 128, 128, 32, 3),
+    (5, 200, 136, 40, 1), (12, 216, 72, 24, 5), (33, 216, 200, 8, 4),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_split_paths_bit_identical_across_schedules(dtype, monkeypatch):
+    """Same bits under every thread order and block concurrency, and on repeated calls (the
+    arrival counters are reset by the kernel, the scratch is reused in place)."""
+    cases = [_case(*shape[:4], dtype, seed=i) for i, shape in enumerate(SPLIT_PATHS)]
+    op = simt().op("awq_gemm")
+    first = None
+    for schedule, workers in [("forward", "4"), ("reverse", "1"), ("shuffle", "4"),
+                              ("shuffle", "1"), ("reverse", "4")]:
+        monkeypatch.setenv("W4K_SIMT_SCHEDULE", schedule)
+        monkeypatch.setenv("W4K_SIMT_SEED", "7")
+        monkeypatch.setenv("W4K_SIMT_WORKERS", workers)
+        outs = [op(*c, shape[4]) for c, shape in zip(cases, SPLIT_PATHS)]
+        if first is None:
+            first = outs
+            for c, shape, out in zip(cases, SPLIT_PATHS, outs):
+                x, qw, s, qz = c
+                assert_gemm_close(out, reference.awq_gemm(x, qw, s, qz), x,
+                                  reference.awq_dequantize(qw, s, qz))
+        for shape, out, ref in zip(SPLIT_PATHS, outs, first):
+            assert golden.same_bits(out, ref), (schedule, workers, shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_scratch_bound_caps_the_splits(dtype):
+    """M = 65, N = 2048: 8 splits would need 8 MiB of fp32 scratch, the plan keeps 4 (4 MiB)."""
+    _check(*_case(65, 256, 2048, 32, dtype, seed=1), 8)
+
+
+# ---- dispatch: dequantize + matmul from the token threshold on ------------------------------
+
+
+@pytest.mark.parametrize("size_m", [7, 8, 9])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_dequant_threshold_both_sides(dtype, size_m, monkeypatch):
+    """W4K_AWQ_DEQUANT_THRESHOLD=8: M = 7 runs the tensor-core kernel, M = 8 and 9 the emulated
+    awq_dequantize + a CPU matmul; both meet the same error bound."""
+    monkeypatch.setenv("W4K_AWQ_DEQUANT_THRESHOLD", "8")
+    _check(*_case(size_m, 256, 192, 64, dtype, seed=size_m), 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_dequant_path_identity(dtype, monkeypatch):
+    """x = I on the dequantize + matmul path (M = K = 96 >= threshold 8): out is awq_dequantize's
+    output bit for bit, as on the kernel path."""
+    monkeypatch.setenv("W4K_AWQ_DEQUANT_THRESHOLD", "8")
+    _, qw, s, qz = _case(1, 96, 136, 32, dtype, seed=5)
+    out = simt().op("awq_gemm")(torch.eye(96, dtype=dtype), qw, s, qz, 2)
+    assert golden.same_bits(out, reference.awq_dequantize(qw, s, qz))
+
+
+def test_dequant_threshold_default_is_vllms(monkeypatch):
+    """Unset or unparsable, the threshold is vLLM's 256: M = 255 (kernel) and M = 256
+    (dequantize + matmul) both meet the reference's error bound."""
+    monkeypatch.delenv("W4K_AWQ_DEQUANT_THRESHOLD", raising=False)
+    for size_m in (255, 256):
+        _check(*_case(size_m, 64, 64, 32, torch.float16, seed=size_m), 1)
+    monkeypatch.setenv("W4K_AWQ_DEQUANT_THRESHOLD", "not-a-number")
+    _check(*_case(255, 64, 64, 32, torch.float16, seed=2), 1)

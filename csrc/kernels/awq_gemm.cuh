@@ -7,16 +7,54 @@
 //   (kernels/awq_dequantize.cuh gives the qweight/qzeros nibble order), products accumulate in
 //   fp32 (mma.m16n8k16 f32 accumulators), the output is rounded once.
 //
-// Kernel shape: a block of 4 warps owns a 64 x 64 output tile (warp w: rows 16w .. 16w+15, all
-// 64 columns = 8 n8 tiles, 32 fp32 accumulators per lane) and walks its split's k-tiles of 32
-// rows. Per k-tile the block copies the 64 x 32 activation tile to shared memory (rows >= M and
-// k >= K as zeros) and dequantizes the 32 x 64 weight tile there (one qweight word = 8 columns
-// per thread and step, columns >= N and k >= K as zeros); warps then read A fragments with
-// ldmatrix and B fragments with ldmatrix.trans. Both tiles are padded by 16 bytes per row so the
-// 8 row addresses of one ldmatrix matrix fall in 8 different bank groups.
-// Split-K: blockIdx.z takes the contiguous k-tiles [z * tiles_per_split, ...) and stores its fp32
-// partial tile to partial[z, M, N]; a second kernel adds the splits in increasing z (fp32, fixed
-// order: deterministic) and rounds once. M: any size >= 1; N: any multiple of 8; K: any size.
+// Dataflow. A block of 4 warps owns a kTileM x kTileN output tile and walks the k-tiles
+// (kTileK rows) of its split through a kStages-deep cp.async pipeline: per stage, the raw
+// qweight words of the tile ([kTileK, kTileN / 8] uint32), the activation tile ([kTileM, kTileK],
+// rows >= M and k >= K zero-filled) and, at the k-tile that opens a group, that group's scales
+// and qzeros rows. Weights, scales and zeros carry an L2 evict_first policy. A warp owns
+// 16 * kMTiles rows x 64 columns: 8 n8 tiles, 32 * kMTiles fp32 accumulators per lane.
+//
+// Register dequantization, no second shared-memory pass. The mma B fragment of lane (g, t),
+// g = lane / 4, t = lane % 4, holds the (k, k+1) pairs k = 2t and 2t + 8 of ONE column; a qweight
+// word holds 8 columns of ONE row. So the mma's column index is remapped: lane g owns qweight
+// word column g of the warp (8 real columns) and n8 tile j is "nibble j of every lane's word":
+//   n8 tile j, mma column p  <->  real column 8 * (warp word 8 * warp_n + p) + kNibbleCol[j],
+// kNibbleCol = {0, 2, 4, 6, 1, 3, 5, 7} (the AWQ nibble order). A lane reads its 4 words
+// (rows 2t, 2t+1, 2t+8, 2t+9 of the k16 step) from shared memory, merges each row pair with one
+// prmt per 4 nibbles so that both rows' nibble j sit in the two 16-bit halves, and one lop3 per
+// pair turns that into (B + q[k], B + q[k+1]) as a T pair; (B + q) - (B + z) = q - z exactly and
+// one hfma2 with +0 rounds it as awq_dequantize does. About 8 instructions per HMMA at one m16
+// tile; with kMTiles = 2 each B fragment feeds two HMMAs.
+//
+// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel): a k-tile lies in one
+// group, the group changes only at tile boundaries (tracked by a running offset: no division in
+// the loop), and the lane rebuilds its 8 (z, z) / (s, s) pairs only then. Otherwise (any other
+// group size, down to 1, and K not a multiple of the k-tile): the general path stores each
+// k-tile row's group index in shared memory (computed incrementally per k-tile) and reads the
+// two rows' zeros and scales per row pair from global memory (slow, rare path).
+//
+// Split-K, deterministic and bounded. blockIdx.z takes the contiguous k-tiles
+// [z * tiles_per_split, ...). With one split a block rounds and stores its tile. Otherwise each
+// split stores its fp32 partial tile into scratch[tile][z], bumps the tile's arrival counter
+// (fence + atomicAdd + fence: release / acquire); the LAST split to arrive sums the partials in
+// z order 0, 1, ... (fixed fp32 order: bit-identical whatever the block order), stores the
+// output and resets the counter to 0. No block waits for another. The planner caps the splits
+// so the scratch stays under kMaxScratchBytes.
+//
+// Per-M-tile configurations (Config<kMTiles, kWarpsM, ...>; kWarpsN = 4 / kWarpsM):
+//   M <= 16: 1 x 16 rows per warp, warps side by side along N: 16 x 256 tile. All 4 warps do
+//            MMAs on different columns (a 64-column tile would leave 3 of 4 warps idle).
+//   M <= 32: 2 x 16 rows per warp, 1 x 4 warps: 32 x 256. Each dequantized B fragment serves
+//            two HMMAs, which halves the dequant cost per HMMA.
+//   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
+//            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
+// kTileK = 128 / 64 / 32, the largest that divides group_size (per-tile bookkeeping, barrier,
+// waits and copy addressing are paid per k-tile: at one m16 tile the dequantization alone costs
+// 8 instructions per HMMA, so the rest must be spread over as many HMMAs as possible); 32 on the
+// general path.
+// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; x rows 16-byte aligned with K % 8 == 0 or zero
+// padding up to a multiple of 8 (the bindings copy x otherwise); qweight / qzeros row strides
+// multiples of 4 words, all pointers 16-byte aligned.
 #pragma once
 
 #include <cstdint>
@@ -29,162 +67,544 @@
 namespace w4k {
 namespace awq {
 
-constexpr int kGemmThreads = 128;      // 4 warps
-constexpr int kGemmTileM = 64;         // 16 rows per warp
-constexpr int kGemmTileN = 64;         // 8 qweight words per row
-constexpr int kGemmTileK = 32;         // two mma k-steps
-constexpr int kAStride = kGemmTileK + 8;  // 16-bit elements per shared A row (80 bytes)
-constexpr int kBStride = kGemmTileN + 8;  // 16-bit elements per shared B row (144 bytes)
-constexpr int kReduceThreads = 256;
+constexpr int kGemmThreads = 128;  // 4 warps
+constexpr int kGemmWarps = kGemmThreads / 32;
+// Split-K scratch bound: splits are reduced until splits * tiles * kTileM * kTileN fp32 fit.
+constexpr int64_t kMaxScratchBytes = int64_t{4} << 20;
 
+template <int kMTiles_,         // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
+          int kWarpsM_,         // warps along M; the other 4 / kWarpsM_ warps split N
+          int kTileK_,          // k rows per pipeline stage (32, 64 or 128)
+          bool kGroupPerTile_>  // group_size % kTileK == 0: one scales/qzeros row per stage
+struct Config {
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kGemmWarps / kWarpsM;
+  static constexpr int kTileK = kTileK_;
+  static constexpr bool kGroupPerTile = kGroupPerTile_;
+  static constexpr int kTileM = 16 * kMTiles * kWarpsM;
+  static constexpr int kTileN = 64 * kWarpsN;
+  static constexpr int kWordsN = kTileN / 8;  // qweight words per tile row
+  static constexpr int kKSteps = kTileK / 16;
+  // cp.async pipeline depth: 4 stages, 3 for 128-row k-tiles (70-84 KiB of shared memory, so
+  // that two blocks still fit on an SM).
+  static constexpr int kStages = kTileK == 128 ? 3 : 4;
+
+  // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
+  // scales [kTileN] and qzeros [kWordsN] of the stage's group (kGroupPerTile), or the group
+  // index of each of the kTileK rows (general path, -1 past K).
+  // B rows carry 4 words of padding: the LDS.32 of lanes (g, t) hit word 2t * kBRowWords + g,
+  // and kBRowWords % 32 in {4, 20} puts the 32 lanes in 32 different banks.
+  static constexpr int kBRowWords = kWordsN + 4;
+  // A rows carry 16 bytes of padding: the 8 row addresses of an ldmatrix matrix fall in 8
+  // different 16-byte bank groups (row pitch 80 or 144 bytes = 5 or 9 bank groups).
+  static constexpr int kARowElems = kTileK + 8;
+  static constexpr int kBBytes = kTileK * kBRowWords * 4;
+  static constexpr int kABytes = kTileM * kARowElems * 2;
+  static constexpr int kSBytes = kGroupPerTile ? kTileN * 2 : 0;
+  static constexpr int kZBytes = kGroupPerTile ? kWordsN * 4 : 0;
+  static constexpr int kGBytes = kGroupPerTile ? 0 : kTileK * 4;
+  static constexpr int kAOffset = kBBytes;
+  static constexpr int kSOffset = kAOffset + kABytes;
+  static constexpr int kZOffset = kSOffset + kSBytes;
+  static constexpr int kGOffset = kZOffset + kZBytes;
+  static constexpr int kStageBytes = kGOffset + kGBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+
+  // Copy work of one stage in 16-byte chunks. A thread copies kBCpt chunks of one row per
+  // visited row, kBTpr threads share a row: chunk j of thread u of a row is chunk j * kBTpr + u,
+  // so consecutive lanes copy consecutive chunks (whole 32-byte sectors per instruction) and a
+  // thread's chunks sit at compile-time offsets from one pointer per visited row.
+  static constexpr int kBChunksPerRow = kWordsN / 4;
+  static constexpr int kBIters = kTileK * kBChunksPerRow / kGemmThreads;
+  static constexpr int kBCpt = kBIters < kBChunksPerRow / 2 ? kBIters : kBChunksPerRow / 2;
+  static constexpr int kBTpr = kBChunksPerRow / kBCpt;
+  static constexpr int kBRowsPerSweep = kGemmThreads / kBTpr;
+  static constexpr int kBVisits = kBIters / kBCpt;
+  // A: the same scheme; with fewer chunks than threads, threads past the tile's rows idle.
+  static constexpr int kAChunksPerRow = kTileK / 8;
+  static constexpr int kAChunks = kTileM * kAChunksPerRow;
+  static constexpr int kAIters = (kAChunks + kGemmThreads - 1) / kGemmThreads;
+  static constexpr int kACpt = kAIters < kAChunksPerRow / 2 ? kAIters : kAChunksPerRow / 2;
+  static constexpr int kATpr = kAChunksPerRow / kACpt;
+  static constexpr int kARowsPerSweep = kGemmThreads / kATpr;
+  static constexpr int kAVisits = (kTileM + kARowsPerSweep - 1) / kARowsPerSweep;
+  static constexpr int kSChunks = kTileN / 8;
+  static constexpr int kZChunks = kWordsN / 4;
+  static constexpr int kAcc = kMTiles * 8 * 4;  // fp32 accumulators per thread
+
+  static_assert(kTileK * kBChunksPerRow % kGemmThreads == 0 && kBIters % kBCpt == 0 &&
+                    kBRowsPerSweep * kBVisits == kTileK,
+                "whole B copy iterations");
+  static_assert(kAVisits * kACpt == kAIters || kAChunks < kGemmThreads, "whole A copy iterations");
+  static_assert(kSChunks + kZChunks <= kGemmThreads, "one scales/zeros chunk per thread");
+  static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
+                    kZOffset % 16 == 0 && kGOffset % 16 == 0,
+                "16-byte aligned stage parts");
+};
+
+// (B + q[k], B + q[k+1]) pairs of a row pair: nibble j of the two words q0 (row k), q1 (row
+// k + 1) of one qweight column. prmt puts bytes 0-1 (nibbles 0-3) or 2-3 (nibbles 4-7) of q0
+// into the low half and of q1 into the high half; lop3 (a & 0x000f000f) | B extracts one.
 template <typename T>
-__global__ void __launch_bounds__(kGemmThreads)
-    awq_gemm_kernel(const T* __restrict__ x,              // [M, K], row stride ldx
-                    const uint32_t* __restrict__ qweight,  // [K, N/8]
-                    const T* __restrict__ scales,          // [G, N], 16-byte aligned
-                    const uint32_t* __restrict__ qzeros,   // [G, N/8]
-                    float* __restrict__ partial,           // [splits, M, N]
-                    int64_t ldx, int64_t size_m, int64_t size_n, int64_t size_k,
-                    int64_t group_size, int64_t tiles_per_split) {
-  using pair_t = typename DequantTraits<T>::pair_t;
-  __shared__ int4 sh_a_raw[kGemmTileM * kAStride * 2 / 16];
-  __shared__ int4 sh_b_raw[kGemmTileK * kBStride * 2 / 16];
-  uint16_t* sh_a = reinterpret_cast<uint16_t*>(sh_a_raw);
-  uint16_t* sh_b = reinterpret_cast<uint16_t*>(sh_b_raw);
-  const uint16_t* x_bits = reinterpret_cast<const uint16_t*>(x);
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kGemmTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGemmTileN;
-  const int64_t words_per_row = size_n / 8;
-  const int64_t k_tiles = (size_k + kGemmTileK - 1) / kGemmTileK;
-  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * tiles_per_split;
-  const int64_t t_end = t_begin + tiles_per_split < k_tiles ? t_begin + tiles_per_split : k_tiles;
-  // Warp-uniform: a warp whose 16 rows all lie past M skips its mma (they would multiply zeros).
-  const bool warp_has_rows = m0 + 16 * warp < size_m;
-  const pair_t zero = bit_cast_u32<pair_t>(0u);
-
-  float acc[8][4];
-  for (int j = 0; j < 8; ++j)
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-
-  for (int64_t t = t_begin; t < t_end; ++t) {
-    const int64_t k0 = t * kGemmTileK;
-    {  // A: thread copies row tid / 2, k = 16 * (tid % 2) .. +15 (element loads: any ldx, K).
-      const int r = tid / 2, c0 = 16 * (tid % 2);
-      const int64_t m = m0 + r;
-      for (int j = 0; j < 16; ++j) {
-        const int64_t k = k0 + c0 + j;
-        sh_a[r * kAStride + c0 + j] = m < size_m && k < size_k ? x_bits[m * ldx + k] : 0;
-      }
-    }
-    // B: 32 rows x 8 words; item i -> row i / 8, word i % 8; 8 dequantized columns per item.
-    for (int i = tid; i < kGemmTileK * 8; i += kGemmThreads) {
-      const int r = i / 8, w = i % 8;
-      const int64_t k = k0 + r, c = n0 / 8 + w;
-      uint32_t o[4] = {0u, 0u, 0u, 0u};
-      if (k < size_k && c < words_per_row) {
-        const int64_t g = k / group_size;
-        const uint32_t q = qweight[k * words_per_row + c];
-        const uint32_t z = qzeros[g * words_per_row + c];
-        const uint4 s = *reinterpret_cast<const uint4*>(scales + g * size_n + 8 * c);
-        const uint32_t s_pairs[4] = {s.x, s.y, s.z, s.w};
-        for (int p = 0; p < 4; ++p) {
-          // (B + q) - (B + z) = q - z exactly; fma with +0 as awq_dequantize.
-          const pair_t diff = __hsub2(bit_cast_u32<pair_t>(biased_pair<T>(q, p)),
-                                      bit_cast_u32<pair_t>(biased_pair<T>(z, p)));
-          o[p] = u32_of(__hfma2(diff, bit_cast_u32<pair_t>(s_pairs[p]), zero));
-        }
-      }
-      *reinterpret_cast<uint4*>(sh_b + r * kBStride + 8 * w) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
-    __syncthreads();
-    if (warp_has_rows) {
-      for (int ks = 0; ks < kGemmTileK / 16; ++ks) {
-        // A (16 x 16, row major): lane l addresses row l % 16, k 8 * (l / 16) of the k-step.
-        uint32_t a[4];
-        ptx::ldmatrix_x4(a, sh_a + (16 * warp + lane % 16) * kAStride + 16 * ks + 8 * (lane / 16));
-        for (int jp = 0; jp < 4; ++jp) {
-          // B (k x n in shared memory), transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7),
-          // (k 0-7, n 8-15), (k 8-15, n 8-15) = b[0..1] of n-tile 2jp, b[0..1] of 2jp + 1.
-          uint32_t b[4];
-          ptx::ldmatrix_x4_trans(
-              b, sh_b + (16 * ks + lane % 8 + 8 * ((lane / 8) % 2)) * kBStride + 16 * jp +
-                     8 * (lane / 16));
-          mma::Dtype<T>::mma(a, b, acc[2 * jp]);
-          mma::Dtype<T>::mma(a, b + 2, acc[2 * jp + 1]);
-        }
-      }
-    }
-    __syncthreads();
+__device__ __forceinline__ void biased_row_pairs(uint32_t q0, uint32_t q1, uint32_t out[8]) {
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;
+  const uint32_t lo = ptx::prmt(q0, q1, 0x5410), hi = ptx::prmt(q0, q1, 0x7632);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[i] = ptx::lop3<kAndOr>(lo >> (4 * i), 0x000f000fu, DequantTraits<T>::kMagic2);
+    out[i + 4] = ptx::lop3<kAndOr>(hi >> (4 * i), 0x000f000fu, DequantTraits<T>::kMagic2);
   }
+}
 
-  if (!warp_has_rows) return;
-  // Accumulator e of n-tile j: row lane / 4 (+ 8 for e >= 2), column 8j + 2 * (lane % 4) + e % 2.
-  float* dst = partial + static_cast<int64_t>(blockIdx.z) * size_m * size_n;
-  const int64_t row = m0 + 16 * warp + lane / 4;
-  for (int j = 0; j < 8; ++j) {
-    const int64_t col = n0 + 8 * j + 2 * (lane % 4);
-    if (col >= size_n) break;  // N % 8 == 0: an n8 tile is entirely inside or outside
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = row + 8 * h;
-      if (m < size_m) {
-        dst[m * size_n + col] = acc[j][2 * h];
-        dst[m * size_n + col + 1] = acc[j][2 * h + 1];
-      }
+// The two b registers of 8 n8 tiles from the words of rows (2t, 2t+1) and (2t+8, 2t+9):
+// frag[j][h] = T pair (w[k], w[k+1]) of nibble j, k = 2t + 8h. zb / s: the (B + z, B + z') and
+// (s, s') pairs of nibble j for the two rows of each pair (equal halves on the per-tile path).
+template <typename T>
+__device__ __forceinline__ void dequant_fragments(const uint32_t q[4],
+                                                  const typename DequantTraits<T>::pair_t zb[2][8],
+                                                  const typename DequantTraits<T>::pair_t s[2][8],
+                                                  uint32_t frag[8][2]) {
+  using pair_t = typename DequantTraits<T>::pair_t;
+  const pair_t zero = bit_cast_u32<pair_t>(0u);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t qb[8];
+    biased_row_pairs<T>(q[2 * h], q[2 * h + 1], qb);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // (B + q) - (B + z) = q - z exactly; fma with +0 as awq_dequantize (q == z, s < 0: +0).
+      const pair_t diff = __hsub2(bit_cast_u32<pair_t>(qb[j]), zb[h][j]);
+      frag[j][h] = u32_of(__hfma2(diff, s[h][j], zero));
     }
   }
 }
 
-// out[i] = T(partial[0, i] + partial[1, i] + ... ) over the splits, in increasing split order.
-template <typename T>
-__global__ void __launch_bounds__(kReduceThreads)
-    awq_gemm_reduce_kernel(const float* __restrict__ partial, T* __restrict__ out,
-                           int64_t size_mn, int64_t splits) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kReduceThreads + threadIdx.x;
-  if (i >= size_mn) return;
-  float sum = partial[i];
-  for (int64_t z = 1; z < splits; ++z) sum += partial[z * size_mn + i];
-  out[i] = mma::Dtype<T>::from_float(sum);
+// Duplicated halves: (p.lo, p.lo) or (p.hi, p.hi). nvcc folds these into the .H0_H0 / .H1_H1
+// operand selectors of HADD2 / HFMA2.
+__device__ __forceinline__ half2 dup_half(half2 p, int hi) {
+  return hi ? __highs2half2(p, p) : __lows2half2(p, p);
+}
+__device__ __forceinline__ __nv_bfloat162 dup_half(__nv_bfloat162 p, int hi) {
+  return hi ? __highs2bfloat162(p, p) : __lows2bfloat162(p, p);
+}
+__device__ __forceinline__ half2 pair_halves(half2 a, half2 b, int hi) {
+  return hi ? __highs2half2(a, b) : __lows2half2(a, b);
+}
+__device__ __forceinline__ __nv_bfloat162 pair_halves(__nv_bfloat162 a, __nv_bfloat162 b, int hi) {
+  return hi ? __highs2bfloat162(a, b) : __lows2bfloat162(a, b);
+}
+
+struct GemmParams {
+  const void* x;            // [M, K] T, row stride ldx (% 8 == 0), 16-byte aligned
+  const uint32_t* qweight;  // [K, N/8], row stride ldq words (% 4 == 0)
+  const void* scales;       // [G, N] T
+  const uint32_t* qzeros;   // [G, N/8], row stride ldz words (% 4 == 0)
+  void* out;                // [M, N] T, contiguous
+  float* scratch;           // [tiles][splits][kAcc / 4][kGemmThreads] float4 (splits > 1)
+  int* counters;            // [tiles], zero on entry and on exit (splits > 1)
+  int64_t ldx, ldq, ldz;
+  int64_t size_m, size_n, size_k, group_size;
+  int64_t tiles_per_split;  // k-tiles per split (blockIdx.z)
+};
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams p) {
+  using pair_t = typename DequantTraits<T>::pair_t;
+  W4K_EXTERN_SHARED(int4, sh);
+  __shared__ int sh_last;  // split-K: this block is the last split of its tile to arrive
+  char* const sh_bytes = reinterpret_cast<char*>(sh);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / C::kWarpsN, warp_n = warp % C::kWarpsN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * C::kTileM;
+  const int64_t n_word0 = static_cast<int64_t>(blockIdx.y) * C::kWordsN;  // first word column
+  const int64_t words_n = p.size_n / 8;
+  const int64_t k_tiles = (p.size_k + C::kTileK - 1) / C::kTileK;
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * p.tiles_per_split;
+  const int64_t t_end = min(t_begin + p.tiles_per_split, k_tiles);
+  const int num_tiles = static_cast<int>(t_end - t_begin);
+  const int64_t k_begin = t_begin * C::kTileK;
+  const uint64_t policy = ptx::createpolicy_evict_first();
+
+  // ---- copy side: per-thread source pointers, advanced by one k-tile per fetch --------------
+  // B: visit v = row b_row + v * kBRowsPerSweep, chunks j * kBTpr + b_u (Config). Chunks past
+  // the row (N edge) are not copied and rows past K (general path) neither: those words stay
+  // stale, which only affects columns >= N (never stored) or rows whose scale is forced to 0.
+  const int b_u = tid % C::kBTpr, b_row = tid / C::kBTpr;
+  const uint32_t* b_gl_rd[C::kBVisits];
+#pragma unroll
+  for (int v = 0; v < C::kBVisits; ++v)
+    b_gl_rd[v] = p.qweight + (k_begin + b_row + v * C::kBRowsPerSweep) * p.ldq + n_word0 + 4 * b_u;
+  const int64_t b_gl_rd_delta_t = C::kTileK * p.ldq;  // between k-tiles
+  // Chunk j is inside the row while 4 * kBTpr * j < b_cols_left (all of them but on the last
+  // N tile); 32-bit, compared with an immediate per chunk.
+  const int b_cols_left = static_cast<int>(min(p.ldq - n_word0 - 4 * b_u, int64_t{1} << 30));
+  int b_k_left = static_cast<int>(p.size_k - k_begin) - b_row;  // visit v copied if > v * sweep
+  const int b_sh_wr = (b_row * C::kBRowWords + 4 * b_u) * 4;
+
+  // A: visit v = row a_row + v * kARowsPerSweep, chunks j * kATpr + a_u. Rows >= M copy zeros
+  // (zfill) from valid row 0.
+  const int a_u = tid % C::kATpr, a_row = tid / C::kATpr;
+  const T* const x = static_cast<const T*>(p.x);
+  const T* a_gl_rd[C::kAVisits];
+  bool a_row_ok[C::kAVisits];
+#pragma unroll
+  for (int v = 0; v < C::kAVisits; ++v) {
+    const int r = a_row + v * C::kARowsPerSweep;
+    a_row_ok[v] = r < C::kTileM && m0 + r < p.size_m;
+    a_gl_rd[v] = x + (a_row_ok[v] ? (m0 + r) * p.ldx : 0) + k_begin + 8 * a_u;
+  }
+  const bool a_copier = C::kAChunks >= kGemmThreads || a_row < C::kTileM;
+  const int a_sh_wr = C::kAOffset + (a_row * C::kARowElems + 8 * a_u) * 2;
+  // K % kTileK != 0 only on the general path: there chunk j is copied while its k < K (K % 8 == 0
+  // or zero-padded x).
+  int a_k_left = static_cast<int>(p.size_k - k_begin) - 8 * a_u;
+
+  // Scales / zeros of the group a fetched tile opens (per-tile path): threads [0, kSChunks)
+  // copy the 8 scales of word column n_word0 + tid, [kSChunks, kSChunks + kZChunks) 4 qzeros
+  // words; one pointer each, advanced by one group row when a group ends.
+  const int group_size = static_cast<int>(p.group_size);
+  const T* const scales = static_cast<const T*>(p.scales);
+  const bool s_copier = tid < C::kSChunks;
+  const bool sz_copier = tid < C::kSChunks + C::kZChunks;
+  const int sz_chunk = s_copier ? tid : tid - C::kSChunks;
+  const int64_t g_first = k_begin / p.group_size;                            // once per block
+  int fetch_group_off = static_cast<int>(k_begin - g_first * p.group_size);  // row in group
+  const char* sz_gl_rd =
+      s_copier ? reinterpret_cast<const char*>(scales + g_first * p.size_n +
+                                               min(8 * (n_word0 + sz_chunk), p.size_n - 8))
+               : reinterpret_cast<const char*>(p.qzeros + g_first * p.ldz +
+                                               min(n_word0 + 4 * sz_chunk, p.ldz - 4));
+  const int64_t sz_gl_rd_delta_g = s_copier ? p.size_n * 2 : p.ldz * 4;  // bytes per group
+  const int sz_sh_wr = s_copier ? C::kSOffset + 16 * sz_chunk : C::kZOffset + 16 * sz_chunk;
+
+  // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid
+  // (tile_g, tile_off: kTileK = tile_g * group_size + tile_off, divided once).
+  int row_k = static_cast<int>(k_begin) + tid, row_g = 0, row_off = 0, tile_g = 0, tile_off = 0;
+  if (!C::kGroupPerTile) {
+    row_g = row_k / group_size;
+    row_off = row_k - row_g * group_size;
+    tile_g = C::kTileK / group_size;
+    tile_off = C::kTileK - tile_g * group_size;
+  }
+
+  bool first_fetch = true;
+  auto fetch = [&](int stage) {
+    char* const st = sh_bytes + stage * C::kStageBytes;
+    char* const b_sh = st + b_sh_wr;
+#pragma unroll
+    for (int v = 0; v < C::kBVisits; ++v) {
+      if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
+#pragma unroll
+        for (int j = 0; j < C::kBCpt; ++j)
+          if (4 * C::kBTpr * j < b_cols_left)
+            ptx::cp_async16_cg_evict_first(
+                b_sh + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
+                b_gl_rd[v] + 4 * j * C::kBTpr, policy);
+      }
+      b_gl_rd[v] += b_gl_rd_delta_t;
+    }
+    b_k_left -= C::kTileK;
+    if (a_copier) {
+#pragma unroll
+      for (int v = 0; v < C::kAVisits; ++v) {
+#pragma unroll
+        for (int j = 0; j < C::kACpt; ++j)
+          ptx::cp_async16_cg_zfill(
+              st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
+              a_gl_rd[v] + 8 * j * C::kATpr,
+              a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
+        a_gl_rd[v] += C::kTileK;
+      }
+    }
+    a_k_left -= C::kTileK;
+    if (C::kGroupPerTile) {
+      if ((fetch_group_off == 0 || first_fetch) && sz_copier)
+        ptx::cp_async16_cg_evict_first(st + sz_sh_wr, sz_gl_rd, policy);
+      fetch_group_off += C::kTileK;
+      if (fetch_group_off == group_size) {
+        fetch_group_off = 0;
+        sz_gl_rd += sz_gl_rd_delta_g;
+      }
+    } else if (tid < C::kTileK) {
+      reinterpret_cast<int*>(st + C::kGOffset)[tid] = row_k < p.size_k ? row_g : -1;
+      row_k += C::kTileK;
+      row_g += tile_g;
+      row_off += tile_off;
+      if (row_off >= group_size) row_off -= group_size, ++row_g;
+    }
+    first_fetch = false;
+  };
+
+  // ---- compute side -------------------------------------------------------------------------
+  const int g = lane / 4, t = lane % 4;
+  // B words of lane (g, t): rows 2t, 2t+1, 2t+8, 2t+9 of each k16 step, word 8 * warp_n + g.
+  const int b_sh_rd = ((2 * t) * C::kBRowWords + 8 * warp_n + g) * 4;
+  // A (16 x 16 per ldmatrix.x4): lane l addresses row l % 16, k 8 * (l / 16) of the k16 step.
+  const int a_sh_rd =
+      C::kAOffset + ((16 * C::kMTiles * warp_m + lane % 16) * C::kARowElems + 8 * (lane / 16)) * 2;
+  const int64_t lane_word = n_word0 + 8 * warp_n + g;  // this lane's qweight word column
+  int comp_group_off = static_cast<int>(k_begin - g_first * p.group_size);
+
+  float acc[C::kMTiles][8][4];
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+
+  pair_t zb[2][8], sc[2][8];  // per-tile path: valid from the first tile on
+  const pair_t zero_pair = bit_cast_u32<pair_t>(0u);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) zb[h][j] = sc[h][j] = zero_pair;
+
+      // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (s < num_tiles) fetch(s);
+    ptx::cp_async_commit_group();
+  }
+
+  int rd_stage = 0, wr_stage = C::kStages - 1;
+  for (int it = 0; it < num_tiles; ++it) {
+    ptx::cp_async_wait_group<C::kStages - 2>();
+    __syncthreads();  // tile it visible to all; stage wr_stage (read at it - 1) free again
+    if (it + C::kStages - 1 < num_tiles) fetch(wr_stage);
+    ptx::cp_async_commit_group();
+    const char* const st = sh_bytes + rd_stage * C::kStageBytes;
+
+    if (C::kGroupPerTile) {
+      if (comp_group_off == 0 || it == 0) {  // a new group: rebuild the (z, z), (s, s) pairs
+        const uint32_t zw = reinterpret_cast<const uint32_t*>(st + C::kZOffset)[8 * warp_n + g];
+        const uint4 sv = reinterpret_cast<const uint4*>(st + C::kSOffset)[8 * warp_n + g];
+        const uint32_t s4[4] = {sv.x, sv.y, sv.z, sv.w};  // (s col 2m, s col 2m + 1)
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const pair_t zm = bit_cast_u32<pair_t>(biased_pair<T>(zw, m));  // cols 2m, 2m + 1
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {  // nibble j = m + 4 hi is column 2m + hi
+            zb[0][m + 4 * hi] = zb[1][m + 4 * hi] = dup_half(zm, hi);
+            sc[0][m + 4 * hi] = sc[1][m + 4 * hi] = dup_half(bit_cast_u32<pair_t>(s4[m]), hi);
+          }
+        }
+      }
+      comp_group_off += C::kTileK;
+      if (comp_group_off == group_size) comp_group_off = 0;
+    }
+
+#pragma unroll
+    for (int ks = 0; ks < C::kKSteps; ++ks) {
+      const uint32_t* bw =
+          reinterpret_cast<const uint32_t*>(st + b_sh_rd) + 16 * ks * C::kBRowWords;
+      const uint32_t q[4] = {bw[0], bw[C::kBRowWords], bw[8 * C::kBRowWords],
+                             bw[9 * C::kBRowWords]};
+      if (!C::kGroupPerTile) {
+        // Rows 16 ks + 2t + {0, 1, 8, 9}: their groups (-1 past K: scale 0, weight 0).
+        const int* grp = reinterpret_cast<const int*>(st + C::kGOffset) + 16 * ks + 2 * t;
+        const int rows_g[4] = {grp[0], grp[1], grp[8], grp[9]};
+        const int64_t zc = min(lane_word, words_n - 1);
+        uint32_t zw[4];
+        uint32_t s4[4][4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int64_t gr = rows_g[r] < 0 ? 0 : rows_g[r];
+          zw[r] = p.qzeros[gr * p.ldz + zc];
+          const uint4 sv = *reinterpret_cast<const uint4*>(scales + gr * p.size_n + 8 * zc);
+          s4[r][0] = rows_g[r] < 0 ? 0u : sv.x;
+          s4[r][1] = rows_g[r] < 0 ? 0u : sv.y;
+          s4[r][2] = rows_g[r] < 0 ? 0u : sv.z;
+          s4[r][3] = rows_g[r] < 0 ? 0u : sv.w;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t zp[8];
+          biased_row_pairs<T>(zw[2 * h], zw[2 * h + 1], zp);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            zb[h][j] = bit_cast_u32<pair_t>(zp[j]);
+            sc[h][j] = pair_halves(bit_cast_u32<pair_t>(s4[2 * h][j % 4]),
+                                   bit_cast_u32<pair_t>(s4[2 * h + 1][j % 4]), j / 4);
+          }
+        }
+      }
+      uint32_t frag[8][2];
+      dequant_fragments<T>(q, zb, sc, frag);
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+        uint32_t a[4];
+        ptx::ldmatrix_x4(a, st + a_sh_rd + (16 * mt * C::kARowElems + 16 * ks) * 2);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma::Dtype<T>::mma(a, frag[j], acc[mt][j]);
+      }
+    }
+    rd_stage = rd_stage == C::kStages - 1 ? 0 : rd_stage + 1;
+    wr_stage = wr_stage == C::kStages - 1 ? 0 : wr_stage + 1;
+  }
+  ptx::cp_async_wait_all();  // nothing in flight when the block exits
+
+  // ---- split-K: the last split to arrive sums the partials in split order ------------------
+  const int splits = static_cast<int>(gridDim.z);
+  if (splits > 1) {
+    const int64_t tile = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+    float4* const tile_scratch =
+        reinterpret_cast<float4*>(p.scratch) + tile * splits * (C::kAcc / 4) * kGemmThreads;
+    float4* const mine = tile_scratch + blockIdx.z * (C::kAcc / 4) * kGemmThreads + tid;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        mine[(8 * mt + j) * kGemmThreads] =
+            make_float4(acc[mt][j][0], acc[mt][j][1], acc[mt][j][2], acc[mt][j][3]);
+    __threadfence();  // release: the partial is visible before the arrival is counted
+    __syncthreads();
+    if (tid == 0) sh_last = atomicAdd(p.counters + tile, 1) == splits - 1;
+    __syncthreads();
+    if (!sh_last) return;
+    __threadfence();  // acquire: the other splits' partials
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4* src = tile_scratch + (8 * mt + j) * kGemmThreads + tid;
+        float4 sum = src[0];
+        for (int z = 1; z < splits; ++z) {
+          const float4 v = src[z * (C::kAcc / 4) * kGemmThreads];
+          sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+        }
+        acc[mt][j][0] = sum.x, acc[mt][j][1] = sum.y, acc[mt][j][2] = sum.z, acc[mt][j][3] = sum.w;
+      }
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch
+  }
+
+  // ---- output: lane (g, t) holds, per row, the 8 columns of words 2t and 2t + 1 --------------
+  // acc[mt][j][2h + e] = out[row 16 (kMTiles warp_m + mt) + g + 8h][word w_e, column
+  // kNibbleCol[j]], w_e = 8 warp_n + 2t + e: columns (2i, 2i + 1) of a word are nibbles (i, i+4).
+  T* const out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = m0 + 16 * (C::kMTiles * warp_m + mt) + g + 8 * h;
+      if (row >= p.size_m) continue;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t word = n_word0 + 8 * warp_n + 2 * t + e;
+        if (word >= words_n) continue;
+        uint32_t v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          v[i] = u32_of(mma::Dtype<T>::pack(acc[mt][i][2 * h + e], acc[mt][i + 4][2 * h + e]));
+        *reinterpret_cast<uint4*>(out + row * p.size_n + 8 * word) =
+            make_uint4(v[0], v[1], v[2], v[3]);
+      }
+    }
 }
 
 }  // namespace awq
 
-// Number of k splits actually launched for split_k_iters (1..32): k-tiles are dealt out in
-// contiguous runs of ceil(k_tiles / split_k_iters), so the last runs may be empty and dropped.
-inline int64_t awq_gemm_splits(int64_t size_k, int64_t split_k_iters) {
-  const int64_t k_tiles = (size_k + awq::kGemmTileK - 1) / awq::kGemmTileK;
-  const int64_t per_split = (k_tiles + split_k_iters - 1) / split_k_iters;
-  return (k_tiles + per_split - 1) / per_split;
+// ---- host side -----------------------------------------------------------------------------
+
+// What a launch needs, computed from the shapes alone (the bindings size scratch and counters
+// from it, then call launch_awq_gemm with it).
+struct AwqGemmPlan {
+  int config = 0;   // 0: M <= 16, 1: M <= 32, 2: M > 32 (see the header comment)
+  int tile_k = 32;  // 32, 64 or 128
+  bool group_per_tile = false;
+  int64_t tile_m = 0, tile_n = 0;
+  int64_t m_tiles = 0, n_tiles = 0, splits = 1, tiles_per_split = 0;
+  int64_t scratch_floats = 0;  // fp32 split-K scratch (0 with one split)
+  int64_t counters = 0;        // zeroed int32 arrival counters (0 with one split)
+};
+
+// split_k_iters (1..32): the k-tiles are dealt out in contiguous runs of
+// ceil(k_tiles / split_k_iters) (empty runs dropped), then halved until the scratch fits in
+// awq::kMaxScratchBytes. The plan, and so the result, depends on the shapes only.
+inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
+                                 int64_t split_k_iters) {
+  AwqGemmPlan pl;
+  pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 ? 64 : 32;
+  pl.group_per_tile = group_size % pl.tile_k == 0;
+  pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
+  pl.tile_m = pl.config == 0 ? 16 : pl.config == 1 ? 32 : 64;
+  pl.tile_n = pl.config == 2 ? 128 : 256;
+  pl.m_tiles = (size_m + pl.tile_m - 1) / pl.tile_m;
+  pl.n_tiles = (size_n + pl.tile_n - 1) / pl.tile_n;
+  const int64_t k_tiles = (size_k + pl.tile_k - 1) / pl.tile_k;
+  const int64_t tile_floats = pl.tile_m * pl.tile_n;
+  int64_t splits = split_k_iters;
+  for (;;) {
+    pl.tiles_per_split = (k_tiles + splits - 1) / splits;
+    pl.splits = (k_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split;
+    if (pl.splits == 1 ||
+        pl.splits * pl.m_tiles * pl.n_tiles * tile_floats * 4 <= awq::kMaxScratchBytes)
+      break;
+    splits = splits / 2;
+  }
+  if (pl.splits > 1) {
+    pl.scratch_floats = pl.splits * pl.m_tiles * pl.n_tiles * tile_floats;
+    pl.counters = pl.m_tiles * pl.n_tiles;
+  }
+  return pl;
 }
 
-// x [M, K] (row stride ldx, unit column stride), qweight [K, N/8], scales [G, N] (16-byte
-// aligned), qzeros [G, N/8] -> out [M, N] (contiguous); partial: fp32 scratch of at least
-// awq_gemm_splits(K, split_k_iters) * M * N floats. Preconditions (checked by the bindings):
-// M, K >= 1, N % 8 == 0, K % group_size == 0, 1 <= split_k_iters <= 32.
-template <typename T>
-cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, const T* scales,
-                            const uint32_t* qzeros, float* partial, T* out, int64_t size_m,
-                            int64_t size_n, int64_t size_k, int64_t group_size,
-                            int64_t split_k_iters, cudaStream_t stream) {
-  if (size_m == 0 || size_n == 0) return cudaSuccess;
-  const int64_t k_tiles = (size_k + awq::kGemmTileK - 1) / awq::kGemmTileK;
-  const int64_t per_split = (k_tiles + split_k_iters - 1) / split_k_iters;
-  const int64_t splits = awq_gemm_splits(size_k, split_k_iters);
-  // M tiles on grid.x (limit 2^31 - 1), 64-column tiles on grid.y, splits on grid.z.
-  const dim3 grid(static_cast<unsigned>((size_m + awq::kGemmTileM - 1) / awq::kGemmTileM),
-                  static_cast<unsigned>((size_n + awq::kGemmTileN - 1) / awq::kGemmTileN),
-                  static_cast<unsigned>(splits));
-  W4K_LAUNCH(awq::awq_gemm_kernel<T>, grid, dim3(awq::kGemmThreads), 0, stream, x, qweight,
-             scales, qzeros, partial, ldx, size_m, size_n, size_k, group_size, per_split);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  const int64_t size_mn = size_m * size_n;
-  const dim3 reduce_grid(
-      static_cast<unsigned>((size_mn + awq::kReduceThreads - 1) / awq::kReduceThreads));
-  W4K_LAUNCH(awq::awq_gemm_reduce_kernel<T>, reduce_grid, dim3(awq::kReduceThreads), 0, stream,
-             partial, out, size_mn, splits);
+namespace awq {
+
+template <typename T, typename C>
+cudaError_t launch_config(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
+  auto* kernel = &awq_gemm_kernel<T, C>;
+  if (C::kSmemBytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  // M tiles on grid.x (limit 2^31 - 1), N tiles on grid.y, splits on grid.z.
+  const dim3 grid(static_cast<unsigned>(pl.m_tiles), static_cast<unsigned>(pl.n_tiles),
+                  static_cast<unsigned>(pl.splits));
+  W4K_LAUNCH(kernel, grid, dim3(kGemmThreads), C::kSmemBytes, stream, p);
   return cudaGetLastError();
+}
+
+template <typename T, int kTileK, bool kGroupPerTile>
+cudaError_t launch_tile_k(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
+  switch (pl.config) {
+    case 0:
+      return launch_config<T, Config<1, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+    case 1:
+      return launch_config<T, Config<2, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+    default:
+      return launch_config<T, Config<2, 2, kTileK, kGroupPerTile>>(p, pl, stream);
+  }
+}
+
+}  // namespace awq
+
+// x [M, K] (row stride ldx % 8 == 0; K % 8 == 0 or the row padded with zeros up to a multiple
+// of 8), qweight [K, N/8] (row stride ldq words, % 4 == 0), scales [G, N] contiguous, qzeros
+// [G, N/8] (row stride ldz words, % 4 == 0) -> out [M, N] contiguous; every pointer 16-byte
+// aligned. plan = awq_gemm_plan(M, N, K, group_size, split_k_iters); with plan.splits > 1,
+// scratch holds plan.scratch_floats floats and counters plan.counters zeroed ints (left zeroed).
+// Preconditions (checked by the bindings): M, K >= 1, N % 8 == 0, K % group_size == 0.
+template <typename T>
+cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, int64_t ldq,
+                            const T* scales, const uint32_t* qzeros, int64_t ldz, T* out,
+                            float* scratch, int* counters, int64_t size_m, int64_t size_n,
+                            int64_t size_k, int64_t group_size, const AwqGemmPlan& plan,
+                            cudaStream_t stream) {
+  if (size_m == 0 || size_n == 0) return cudaSuccess;
+  awq::GemmParams p;
+  p.x = x, p.qweight = qweight, p.scales = scales, p.qzeros = qzeros, p.out = out;
+  p.scratch = scratch, p.counters = counters;
+  p.ldx = ldx, p.ldq = ldq, p.ldz = ldz;
+  p.size_m = size_m, p.size_n = size_n, p.size_k = size_k, p.group_size = group_size;
+  p.tiles_per_split = plan.tiles_per_split;
+  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, true>(p, plan, stream);
+  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, true>(p, plan, stream);
+  if (plan.group_per_tile) return awq::launch_tile_k<T, 32, true>(p, plan, stream);
+  return awq::launch_tile_k<T, 32, false>(p, plan, stream);
 }
 
 }  // namespace w4k
