@@ -2,7 +2,7 @@
 # Static SASS figures of the CUDA GEMM kernels (method: ../shared/GPU.md): compiles the torch-free
 # translation units in csrc/kernels/sass/ for sm_80 and sm_90 with the flags the figures of the
 # public kernels were measured with, and prints ../shared/tools/sass_stats.py's main-loop table.
-#   bash scripts/sass_report.sh [OUTDIR] [TU-name-regex]     (default OUTDIR build/sass)
+#   bash scripts/sass_report.sh [OUTDIR] [TU-name-regex, e.g. awq or w4a16]   (default build/sass)
 # Needs nvcc and a cuobjdump (../shared/tools/get-cuobjdump.sh fetches one: CUDA 13 ships none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ for tu in csrc/kernels/sass/*_tu.cu; do
         nvcc -c -std=c++17 -O3 -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ \
             -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
             --expt-relaxed-constexpr -gencode "arch=compute_${arch},code=sm_${arch}" -lineinfo \
-            -Xptxas -v -Icsrc "$tu" -o "$obj" 2> "$out/${name}_sm${arch}.log" \
+            -Xptxas -v -Xptxas -warn-spills -Icsrc "$tu" -o "$obj" 2> "$out/${name}_sm${arch}.log" \
             || { cat "$out/${name}_sm${arch}.log"; exit 1; }
         python3 "$tools/sass_stats.py" "$obj" --ptxas-log "$out/${name}_sm${arch}.log" \
             --cuobjdump "$cuobjdump" --format mdloop

@@ -182,6 +182,8 @@ def test_nvcc_compiles_every_wrapper(tmp_path, arch):
                   "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
                   "cp.async.ca.shared.global", "cp.async.cg.shared.global",
+                  "createpolicy.fractional.L2::evict_first.b64",
+                  "cp.async.cg.shared.global.L2::cache_hint",
                   "cp.async.commit_group", "cp.async.wait_group", "cp.async.wait_all",
                   "lop3.b32", "prmt.b32", "ld.global.acquire.gpu.b32",
                   "red.release.gpu.global.add.s32", "st.release.gpu.global.b32", "bar.sync"]:

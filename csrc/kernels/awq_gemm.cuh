@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 #pragma unroll
         for (int j = 0; j < C::kBCpt; ++j)
           if (4 * C::kBTpr * j < b_cols_left)
-            ptx::cp_async16_cg_evict_first(
+            ptx::cp_async16_cg_hint(
                 b_sh + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
                 b_gl_rd[v] + 4 * j * C::kBTpr, policy);
       }
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
     a_k_left -= C::kTileK;
     if (C::kGroupPerTile) {
       if ((fetch_group_off == 0 || first_fetch) && sz_copier)
-        ptx::cp_async16_cg_evict_first(st + sz_sh_wr, sz_gl_rd, policy);
+        ptx::cp_async16_cg_hint(st + sz_sh_wr, sz_gl_rd, policy);
       fetch_group_off += C::kTileK;
       if (fetch_group_off == group_size) {
         fetch_group_off = 0;

@@ -173,6 +173,16 @@ W4K_PTX uint64_t createpolicy_evict_first() {
   return policy;
 #endif
 }
+// 16 bytes, bypassing L1, with an L2 cache policy (from createpolicy_*) on the global read.
+W4K_PTX void cp_async16_cg_hint(void* smem, const void* glob, uint64_t policy) {
+#if W4K_SIMT
+  (void)policy;
+  simt::cp_async("cp.async.cg 16 (L2 hint)", smem, glob, 16, false);
+#else
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+               :: "r"(smem_addr(smem)), "l"(glob), "l"(policy) : "memory");
+#endif
+}
 // cp_async16_cg_zfill with an L2 cache policy (from createpolicy_*) on the global read.
 W4K_PTX void cp_async16_cg_zfill_hint(void* smem, const void* glob, bool pred, uint64_t policy) {
 #if W4K_SIMT
@@ -287,48 +297,6 @@ W4K_PTX void barrier_sync(int id, int nthreads) {
   simt::barrier_arrive(id, nthreads, nullptr, false);
 #else
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(nthreads) : "memory");
-#endif
-}
-
-}  // namespace ptx
-}  // namespace w4k
-
-#undef W4K_PTX
-
-// =============================================================================================
-// L2 cache policy for streamed operands (awq_gemm). Appended as one block: the weights of a
-// GEMV-shaped GEMM are read once per launch, so marking them evict_first keeps the activations,
-// the split-K scratch and the other layers' data resident in L2 instead.
-#if W4K_SIMT
-#define W4K_PTX __attribute__((always_inline)) inline
-#else
-#define W4K_PTX __device__ __forceinline__
-#endif
-
-namespace w4k {
-namespace ptx {
-
-// A 64-bit L2 policy handle that marks every line it touches evict_first (fraction 1.0). The
-// emulator has no L2: the handle is 0 and means nothing.
-W4K_PTX uint64_t createpolicy_evict_first() {
-#if W4K_SIMT
-  return 0;
-#else
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-#endif
-}
-
-// 16 bytes, bypassing L1, with an L2 cache policy from createpolicy_*. Under the emulator it is
-// the plain cp.async.cg (the policy is a performance hint only).
-W4K_PTX void cp_async16_cg_evict_first(void* smem, const void* glob, uint64_t policy) {
-#if W4K_SIMT
-  (void)policy;
-  simt::cp_async("cp.async.cg.L2::cache_hint 16", smem, glob, 16, false);
-#else
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-               :: "r"(smem_addr(smem)), "l"(glob), "l"(policy) : "memory");
 #endif
 }
 

@@ -638,14 +638,37 @@ inline int tile_m_blocks(int64_t size_m) {
   return size_m <= 16 ? 1 : size_m <= 32 ? 2 : size_m <= 48 ? 3 : 4;
 }
 
+// Opts the kernel in to its dynamic shared memory (> 48 KiB) and returns how many of its blocks
+// one SM holds. On the GPU both are per device and fixed, so they are computed once per device
+// (first call; a race between two host threads only repeats the same work); the emulator's
+// limits come from the environment, so it asks every time.
 template <typename T, int kMBlocks, ScaleMode kMode>
 cudaError_t kernel_attributes(int* blocks_per_sm) {
   auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
   const int smem = StageLayout<kMBlocks>::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  auto query = [&](int* out) {
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, kernel, kThreads, smem);
+    return err;
+  };
+#if W4K_SIMT
+  int blocks = 0;
+  const cudaError_t err = query(&blocks);
+#else
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: not queried yet on that device
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if (blocks_per_sm != nullptr)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem);
+  int blocks = device < kMaxDevices ? cached[device] : 0;
+  if (blocks == 0) {
+    err = query(&blocks);
+    if (err == cudaSuccess && device < kMaxDevices) cached[device] = blocks;
+  }
+#endif
+  if (blocks_per_sm != nullptr) *blocks_per_sm = blocks;
   return err;
 }
 

@@ -1,4 +1,4 @@
-// Torch-free translation unit for SASS measurement (scripts/sass_awq.sh): instantiates the
+// Torch-free translation unit for SASS measurement (scripts/sass_report.sh): instantiates the
 // awq_gemm launcher for both dtypes, i.e. every kernel configuration (3 M tiles x {k-tile 128,
 // 64, 32, general group size}).
 #include "kernels/awq_gemm.cuh"

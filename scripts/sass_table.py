@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The README's static table of the w4a16_gemm kernels, from the objects scripts/sass_report.sh
+compiled (build/sass/w4a16_gemm_tu_sm{80,90}.o and their ptxas logs).
+
+Per (M tile, architecture, dtype): registers, spill bytes, dynamic shared memory, and the hot
+loop's non-HMMA instructions per HMMA for each scale path (sass_stats.py's "hot" path, one
+steady-state iteration of the main loop, here 4 pipeline stages), and whether the weight copies
+carry an L2 cache policy (sass_stats.py's gld_desc_B > 0).
+
+    bash scripts/sass_report.sh build/sass w4a16 && python3 scripts/sass_table.py build/sass
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+MODES = ["kChannel", "kGroup", "kGroupZp", "kRow"]  # ScaleMode enum order in w4a16_gemm.cuh
+LABELS = {"kChannel": "per-channel", "kGroup": "g128", "kGroupZp": "g128 + zp",
+          "kRow": "act-order"}
+# Dynamic shared memory of StageLayout<kMBlocks> (4 stages; see w4a16_gemm.cuh).
+SMEM = {mb: 4 * (16 * mb * 256 + 8 * 1024 + 4 * 128 * 2 + 4 * 16 * 4 + 128 * 4) for mb in range(1, 5)}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "build/sass"
+    tools = "../shared/tools"
+    cuobjdump = subprocess.run(["bash", f"{tools}/get-cuobjdump.sh"], capture_output=True,
+                               text=True).stdout.strip().splitlines()[-1]
+    rows = {}
+    for arch in (80, 90):
+        obj = f"{out}/w4a16_gemm_tu_sm{arch}.o"
+        js = subprocess.run([sys.executable, f"{tools}/sass_stats.py", obj, "--ptxas-log",
+                             f"{out}/w4a16_gemm_tu_sm{arch}.log", "--cuobjdump", cuobjdump,
+                             "--format", "json", "--kernel", "w4a16_gemm_kernel"],
+                            capture_output=True, text=True, check=True).stdout
+        for k in json.loads(js):
+            m = re.search(r"w4a16_gemm_kernelI(6__half|13__nv_bfloat16)Li(\d)ELNS0_9ScaleModeE(\d)",
+                          k["kernel"])
+            dtype = "fp16" if m.group(1) == "6__half" else "bf16"
+            mb, mode = int(m.group(2)), MODES[int(m.group(3))]
+            hot, work = k["hot"]["total"], k["hot_work"]
+            rows.setdefault((mb, arch, dtype), {})[mode] = dict(
+                ratio=(hot - work) / work, regs=k["regs"],
+                spill=k["ptxas"]["spill_st_B"] + k["ptxas"]["spill_ld_B"],
+                hint=k["hot_bytes"].get("gld_desc_B", 0) > 0)
+    print("| M tile | arch | dtype | regs | spills (B) | dyn. smem | "
+          + " | ".join(f"non-HMMA/HMMA {LABELS[m]}" for m in MODES) + " | L2 hint on weights |")
+    print("|---|---|---|---|---|---|" + "---|" * len(MODES) + "---|")
+    for (mb, arch, dtype), modes in sorted(rows.items()):
+        regs = "/".join(str(modes[m]["regs"]) for m in MODES)
+        spills = max(modes[m]["spill"] for m in MODES)
+        hint = "yes" if all(modes[m]["hint"] for m in MODES) else "no"
+        print(f"| {16 * mb} rows | sm_{arch} | {dtype} | {regs} | {spills} | "
+              f"{SMEM[mb] // 1024} KiB | "
+              + " | ".join(f"{modes[m]['ratio']:.2f}" for m in MODES) + f" | {hint} |")
+
+
+if __name__ == "__main__":
+    main()
