@@ -323,19 +323,21 @@ def test_scalar_and_avx512_agree(monkeypatch):
     assert bool(((call(b, case).double() - fast.double()).abs() <= 2 * tol).all())
 
 
-@pytest.mark.parametrize("groups", [3, 1], ids=["grouped", "per_channel"])
+@pytest.mark.parametrize("size_k,groups", [(1152, 9), (1008, 1)], ids=["grouped", "per_channel"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_where_the_scale_is_applied(dtype, groups):
+@pytest.mark.parametrize("backend", ["cpu", "simt", "cuda"])
+def test_where_the_scale_is_applied(backend, dtype, size_k, groups):
     """Regression for the two contracts. All weights of a column are equal (q - 8 = 7, the same
-    scale in every group), a = 1 and K = 1008 < 2^13, so every fp32 partial sum is exact:
+    scale in every group: group 128, the GPU kernel's per-stage scale path), a = 1 and
+    K < 2^13, so every fp32 partial sum is exact:
 
     * G > 1: w = T(7 * s) before the fp32 accumulation, the output is T(K * T(7 * s));
     * G == 1: the scale multiplies the fp32 sum K * 7, the output is T(fp32(K * 7 * s)) (the
-      product is exact: 9 significant bits of 7056 times those of s).
+      product is exact: 9 significant bits of K * 7 = 7056 times those of s).
 
     The scales make the two differ in some columns, so each kernel must use its own order."""
-    b = backend_or_skip("cpu", OP)
-    size_k, size_n = 1008, 64
+    b = backend_or_skip(backend, OP)
+    size_n = 64
     q = torch.full((size_k, size_n), 15, dtype=torch.int32)  # q - 8 = 7
     s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n)
     case = make_case(1, size_k, size_n, -1, dtype)

@@ -107,38 +107,6 @@ def test_unaligned_views(group_size):
     check_against_reference(b, case)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_grouped_weights_are_rounded_to_half_once(dtype):
-    """Regression (as for the CPU kernel): with groups, w = T((q - 8) * s) before the fp32
-    accumulation. Every fp32 partial sum j * w is exact (K = 1024 < 2^13, a = 1), so the output
-    is T(K * T(7 * s)) to the bit, which differs from T(K * 7 * s) for some columns."""
-    b = simt()
-    size_k, size_n = 1024, 64
-    q = torch.full((size_k, size_n), 15, dtype=torch.int32)
-    s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n).repeat(2, 1)
-    case = make_case(1, size_k, size_n, 512, dtype)
-    case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
-                b_scales=reference.marlin_permute_scales(s, size_k, size_n, 512))
-    expected = (size_k * (7.0 * s[:1].double()).to(dtype).double()).to(dtype)
-    assert not torch.equal(expected, (size_k * 7.0 * s[:1].double()).to(dtype))
-    assert golden.same_bits(call(b, case), expected)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_per_channel_scale_multiplies_the_fp32_sum(dtype):
-    """Per-channel (G = 1): the B registers hold q - 8 exactly and the scale multiplies the fp32
-    sum in the epilogue: out = T(f32(K * 7) * f32(s)) to the bit."""
-    b = simt()
-    size_k, size_n = 1008, 64
-    q = torch.full((size_k, size_n), 15, dtype=torch.int32)
-    s = torch.linspace(0.01, 0.02, size_n).to(dtype).reshape(1, size_n)
-    case = make_case(1, size_k, size_n, -1, dtype)
-    case.update(a=torch.ones(1, size_k, dtype=dtype), b_q_weight=reference.marlin_pack(q),
-                b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1))
-    expected = (torch.tensor(7.0 * size_k, dtype=torch.float32) * s.float()).to(dtype)
-    assert golden.same_bits(call(b, case), expected)
-
-
 @pytest.mark.parametrize("m,size_n", [(1, 64), (3, 128), (40, 64)])
 def test_split_k_reuses_the_workspace(m, size_n):
     """Split-K (the emulated device has 8 SMs, so grids of 1-2 tiles split the 8 stages of
@@ -214,15 +182,17 @@ def test_every_tile_height(dtype, m):
     check_against_reference(simt(), case)
 
 
-@pytest.mark.parametrize("act_order", [None, "k_full", "shard"], ids=["noact", "act", "shard"])
+# (group size, act-order); a row-parallel act-order shard has groups by construction.
+SCALE_MODES = [(g, act) for g in (-1, 32, 64, 128, 256, 96) for act in (None, "k_full", "shard")
+               if not (act == "shard" and g == -1)]
+
+
 @pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
-@pytest.mark.parametrize("group_size", [-1, 32, 64, 128, 256, 96])
+@pytest.mark.parametrize("group_size,act_order", SCALE_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_scale_modes(dtype, group_size, zp, act_order):
-    """Every scale path: per-channel (scales in the epilogue), per-stage groups (32, 64, 128,
-    256), row groups (act-order, and group 96 through a generated g_idx)."""
-    if act_order == "shard" and group_size == -1:
-        pytest.skip("a row-parallel act-order shard has groups by construction")
+def test_scale_modes(dtype, group_size, act_order, zp):
+    """Every scale path: per-channel (scales in the epilogue), per-stage groups (32, 64, 128),
+    row groups (act-order, and groups 256 and 96 through a generated g_idx)."""
     case = make_case(5, 768, 128, group_size, dtype, act_order, zp=zp, bias=True,
                      seed=group_size + 11 * zp)
     check_against_reference(simt(), case)
