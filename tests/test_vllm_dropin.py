@@ -320,7 +320,8 @@ def test_vllm_positional_call_to_our_op_fails_clearly(small):
     """The 19-argument vLLM call goes to w4kernels.vllm; the op itself (14 arguments, another
     order) rejects it instead of computing something else."""
     a, o, _ = small
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"w4a16_gemm\(\) expected at most 14 argument\(s\) "
+                                           r"but received 15"):
         torch.ops.w4kernels.w4a16_gemm(a, None, o["b_q_weight"], None, o["b_scales"], None, None,
                                        o["b_zeros"], o["g_idx"], o["perm"],
                                        V.marlin_make_workspace_new("cpu"), 4, 6, 128, 256)
