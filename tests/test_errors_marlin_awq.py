@@ -118,9 +118,11 @@ def test_awq_dequantize_errors(make, match):
 
 @pytest.mark.parametrize("make,match", [pytest.param(f, m, id=d) for d, f, m in AWQ_CASES])
 def test_awq_gemm_weight_errors(make, match):
+    """The op's own checks (the wrapper reports an x/scales dtype mismatch before the op:
+    tests/test_vllm_dropin.py)."""
     x = torch.zeros(2, 64, dtype=H)
     with pytest.raises(RuntimeError, match=r"awq_gemm: " + match):
-        ops.awq_gemm(x, *make(*_awq()), 8)
+        torch.ops.w4kernels.awq_gemm(x, *make(*_awq()), 8)
 
 
 AWQ_GEMM_CASES = [
@@ -137,7 +139,7 @@ AWQ_GEMM_CASES = [
 @pytest.mark.parametrize("x,split,match", [pytest.param(x, s, m, id=d) for d, x, s, m in AWQ_GEMM_CASES])
 def test_awq_gemm_errors(x, split, match):
     with pytest.raises(RuntimeError, match=r"awq_gemm: " + match):
-        ops.awq_gemm(x, *_awq(), split)
+        torch.ops.w4kernels.awq_gemm(x, *_awq(), split)
 
 
 def test_awq_wrong_and_mixed_devices():

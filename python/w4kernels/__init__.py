@@ -6,6 +6,8 @@ is available, and registers the fake (meta) implementations used by ``torch.comp
 * :mod:`w4kernels.ops`: typed, documented wrappers of every operator.
 * :mod:`w4kernels.reference`: every operator in plain torch, the executable spec.
 * :mod:`w4kernels.quant`: quantizers and packers that make real checkpoint tensors.
+* :mod:`w4kernels.vllm`: vLLM's ``_custom_ops`` signatures for the ops we implement
+  (``from w4kernels import vllm as ops`` in place of ``from vllm import _custom_ops as ops``).
 """
 
 import torch
@@ -19,9 +21,9 @@ try:  # the SIMT emulator build of the CUDA kernels (torch.ops.w4kernels_simt.*)
 except ImportError:
     HAS_SIMT = False
 
-from . import ops, quant, reference  # noqa: E402,F401  (ops registers fakes for both namespaces)
+from . import ops, quant, reference, vllm  # noqa: E402,F401  (ops registers fakes for both namespaces)
 
-__all__ = ["ops", "quant", "reference", "build_info", "HAS_SIMT"]
+__all__ = ["ops", "quant", "reference", "vllm", "build_info", "HAS_SIMT"]
 
 
 def _has_kernel(op: str, key: str) -> bool:

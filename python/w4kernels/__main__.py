@@ -107,7 +107,7 @@ def demo(args):
     for name, src, mw in (("w4a16_gemm (GPTQ act-order)", gptq, quant.gptq_to_marlin(gptq)),
                           ("w4a16_gemm (AWQ zero points)", awq, quant.awq_to_marlin(awq))):
         args_ = (to(mw.b_q_weight), to(mw.b_scales), to(mw.b_zeros), to(mw.g_idx), to(mw.perm),
-                 to(mw.workspace), size_m, size_n, size_k)
+                 to(mw.workspace), 4, size_m, size_n, size_k)
         run = lambda: ops.w4a16_gemm(xd, *args_)  # noqa: E731
         out = run()
         table.row(name, out, x.double() @ src.dequantize().double(), float_ref,

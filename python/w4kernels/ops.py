@@ -9,6 +9,15 @@ The fakes (``torch.library.register_fake``) compute output shapes and dtypes onl
 ops run under ``torch.compile(fullgraph=True)`` and ``FakeTensorMode``. They are registered for
 both the product namespace ``w4kernels`` and the emulator namespace ``w4kernels_simt``, whose
 schemas are identical.
+
+Every wrapper takes its op's arguments in the schema's order, with the schema's names and
+defaults (``csrc/schemas.h``; ``tests/test_vllm_dropin.py`` compares them), so a positional call
+written from the README's operator table means the same through the wrapper and through
+``torch.ops.w4kernels``. Trailing arguments the schema leaves without a default may get one here
+(``num_bits=4``, ``is_k_full=True``, ``split_k_iters``); no argument moves. The GEMM wrappers
+also accept activations ``[..., K]`` (the ops keep vLLM's 2-D contract) and reject activations
+whose dtype differs from the scales' with the cast to apply. vLLM's own signatures, argument
+for argument, are in :mod:`w4kernels.vllm`.
 """
 
 from typing import Optional
@@ -39,6 +48,38 @@ def _check_same_device(op: str, **tensors) -> None:
         raise RuntimeError(f"{op}: all tensors must be on the same device, got {listing}")
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_activation_dtype(op: str, a_name: str, a: torch.Tensor, s_name: str,
+                            s: torch.Tensor) -> None:
+    """The kernels take activations and scales of one dtype (fp16 or bf16), and the op's own
+    check only says they differ: say which cast fixes it. Nothing is converted implicitly (a
+    silent cast per call would hide a copy of every activation)."""
+    if a.dtype == s.dtype:
+        return
+    if s.dtype in _HALF_DTYPES:
+        hint = f"cast the activations: {a_name}.to({s.dtype})"
+        if a.dtype in _HALF_DTYPES:
+            hint += f", or convert the scales once: {s_name}.to({a.dtype})"
+    elif a.dtype in _HALF_DTYPES:
+        hint = f"convert the scales once: {s_name}.to({a.dtype})"
+    else:
+        hint = (f"use float16 or bfloat16 for both, e.g. {s_name}.to(torch.float16) and "
+                f"{a_name}.to(torch.float16)")
+    raise TypeError(f"{op}: {a_name} has dtype {a.dtype} but {s_name} has dtype {s.dtype}; "
+                    f"they must be the same float16 or bfloat16 dtype: {hint}")
+
+
+def _flatten_rows(op: str, name: str, t: torch.Tensor):
+    """``[..., K]`` -> (``[M, K]``, leading shape or None when ``t`` already was 2-D)."""
+    if t.dim() == 2:
+        return t, None
+    if t.dim() == 0:
+        raise ValueError(f"{op}: {name} must have at least 1 dimension ([..., K]), got a scalar")
+    return t.reshape(-1, t.shape[-1]), tuple(t.shape[:-1])
+
+
 # ---- Marlin -------------------------------------------------------------------------------
 
 
@@ -52,7 +93,7 @@ def marlin_repack(b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k
         perm: int32 ``[K]`` or None/empty. Act-order: Marlin row r takes GPTQ row ``perm[r]``
             (``perm = argsort(g_idx)``).
         size_k: K, a multiple of 16. size_n: N, a multiple of 64.
-        num_bits: 4.
+        num_bits: 4 (default 4; the schema has no default).
 
     Returns:
         int32 ``[K/16, 2N]`` in the Marlin layout (see :func:`reference.marlin_repack`).
@@ -74,7 +115,7 @@ def awq_marlin_repack(b_q_weight: torch.Tensor, size_k: int, size_n: int,
         b_q_weight: int32 ``[K, N/8]``, AutoAWQ packing along N: column ``8c + j`` is nibble
             ``[0, 4, 1, 5, 2, 6, 3, 7][j]`` of word ``[k, c]``.
         size_k: K, a multiple of 16. size_n: N, a multiple of 64.
-        num_bits: 4.
+        num_bits: 4 (default 4; the schema has no default).
 
     Returns:
         int32 ``[K/16, 2N]`` in the Marlin layout.
@@ -89,10 +130,14 @@ def _awq_marlin_repack_fake(b_q_weight, size_k, size_n, num_bits):
 
 def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor,
                b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor],
-               perm: Optional[torch.Tensor], workspace: torch.Tensor, size_m: int, size_n: int,
-               size_k: int, is_k_full: bool = True, b_bias: Optional[torch.Tensor] = None,
-               use_fp32_reduce: bool = True, num_bits: int = 4) -> torch.Tensor:
+               perm: Optional[torch.Tensor], workspace: torch.Tensor, num_bits: int, size_m: int,
+               size_n: int, size_k: int, is_k_full: bool = True,
+               b_bias: Optional[torch.Tensor] = None,
+               use_fp32_reduce: bool = True) -> torch.Tensor:
     """fp16/bf16 activations times a Marlin int4 weight (vLLM ``gptq_marlin_gemm`` semantics).
+
+    Arguments in the op schema's order (``torch.ops.w4kernels.w4a16_gemm``). For vLLM's own
+    signature (``c``, ``b_q_type``, bias fourth, ...) use :func:`w4kernels.vllm.gptq_marlin_gemm`.
 
     ``out[m, n] = sum_r a[m, perm[r]] * (q[r, n] - z) * s (+ b_bias[n])``, where the weight
     row r of the Marlin layout holds activation column ``perm[r]`` (act-order) or r, ``q`` is
@@ -112,11 +157,14 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
     ``b_bias``; ``g_idx`` and ``perm`` come together. M = 0 gives an empty ``[0, N]`` result.
 
     Args:
-        a: float16 or bfloat16 ``[M, K]``, unit stride along K (row stride may exceed K).
-            Every other tensor must be contiguous.
+        a: float16 or bfloat16 ``[..., K]``, unit stride along K. The op itself takes 2-D
+            ``[M, K]`` (row stride may exceed K); this wrapper flattens the leading dimensions
+            into M and gives the result back as ``[..., N]``. Every other tensor must be
+            contiguous.
         b_q_weight: int32 ``[K/16, 2N]``, Marlin layout (:func:`marlin_repack`).
         b_scales: same dtype as ``a``, ``[G, N]``, permuted with
-            :func:`w4kernels.quant.marlin_permute_scales`. G = 1 means per-channel.
+            :func:`w4kernels.quant.marlin_permute_scales`. G = 1 means per-channel. A dtype
+            that differs from ``a``'s is an error that says which cast to apply.
         b_zeros: int32 ``[G, N/8]`` Marlin zero points (:func:`quant.marlin_zero_points`), or
             None for symmetric weights (zero point 8).
         g_idx: int32 ``[K]`` group of each Marlin row, *sorted* (``g_idx[perm]``), or None.
@@ -128,20 +176,30 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
             both do. Host backends check that it is zero; on the GPU a dirty workspace cannot
             hang but gives wrong results, and two calls running concurrently (two streams)
             need two workspaces.
-        size_m, size_n, size_k: M, N, K. K is the local K of this shard.
+        num_bits: 4.
+        size_m: M, the number of activation rows: the product of ``a``'s leading dimensions
+            (kept, as in the schema, and checked against ``a``).
+        size_n, size_k: N, K. K is the local K of this shard.
         is_k_full: False when this is a row-parallel shard of an act-order layer: ``b_scales``
             then holds every group of the full layer and ``g_idx`` indexes it directly. With
             act-order and ``is_k_full``, G must divide K (without act-order it always must).
-        b_bias: optional ``[N]`` bias in ``a``'s dtype.
-        use_fp32_reduce: accumulate split-K partial sums in fp32 (always true on CPU).
-        num_bits: 4.
+            Default True (the schema has no default).
+        b_bias: optional ``[N]`` bias in ``a``'s dtype, in natural column order (vLLM's op
+            takes it Marlin-permuted; :func:`w4kernels.vllm.gptq_marlin_gemm` converts).
+        use_fp32_reduce: accepted for vLLM compatibility; every backend reduces in fp32.
 
     Returns:
-        ``[M, N]`` in ``a``'s dtype.
+        ``[..., N]`` in ``a``'s dtype (``[M, N]`` for a 2-D ``a``).
     """
-    return torch.ops.w4kernels.w4a16_gemm(a, b_q_weight, b_scales, b_zeros, g_idx, perm,
-                                          workspace, num_bits, size_m, size_n, size_k, is_k_full,
-                                          b_bias, use_fp32_reduce)
+    _check_activation_dtype("w4a16_gemm", "a", a, "b_scales", b_scales)
+    a2, lead = _flatten_rows("w4a16_gemm", "a", a)
+    if a.dim() != 2 and a2.shape[0] != size_m:  # 2-D: the op's own check names the shapes
+        raise ValueError(f"w4a16_gemm: size_m = {size_m}, but a of shape {list(a.shape)} has "
+                         f"{a2.shape[0]} rows (the product of its leading dimensions)")
+    out = torch.ops.w4kernels.w4a16_gemm(a2, b_q_weight, b_scales, b_zeros, g_idx, perm,
+                                         workspace, num_bits, size_m, size_n, size_k, is_k_full,
+                                         b_bias, use_fp32_reduce)
+    return out if lead is None else out.reshape(*lead, size_n)
 
 
 @_register_fake("w4a16_gemm")
@@ -170,7 +228,8 @@ def awq_dequantize(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Te
             of word ``[k, c]`` (AWQ order).
         scales: float16 or bfloat16 ``[G, N]``; group size = K / G.
         qzeros: int32 ``[G, N/8]``, zero points packed like ``qweight``.
-        split_k_iters, thx, thy: accepted for vLLM compatibility; 0 lets the kernel choose.
+        split_k_iters, thx, thy: accepted for vLLM compatibility; 0 (the default here; the
+            schema has none) lets the kernel choose.
 
     Returns:
         ``[K, N]`` in ``scales``' dtype: ``(q - z) * s`` rounded once to nearest-even.
@@ -188,16 +247,24 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
              split_k_iters: int = 8) -> torch.Tensor:
     """``x @ awq_dequantize(qweight, scales, qzeros)`` without materializing the weight.
 
+    Arguments in the op schema's order: scales third, zero points fourth (as vLLM's kernel
+    reads them).
+
     Args:
-        x: float16 or bfloat16 ``[M, K]`` (same dtype as ``scales``).
+        x: float16 or bfloat16 ``[..., K]``, the dtype of ``scales`` (a different dtype is an
+            error that says which cast to apply). The op takes 2-D ``[M, K]``; this wrapper
+            flattens the leading dimensions and returns ``[..., N]``.
         qweight, scales, qzeros: as :func:`awq_dequantize`.
         split_k_iters: vLLM's K-split factor for the GPU kernel (1..32); the result does not
-            depend on it beyond fp32 summation order.
+            depend on it beyond fp32 summation order. Default 8 (the schema has no default).
 
     Returns:
-        ``[M, N]`` in ``x``'s dtype, accumulated in fp32.
+        ``[..., N]`` in ``x``'s dtype, accumulated in fp32.
     """
-    return torch.ops.w4kernels.awq_gemm(x, qweight, scales, qzeros, split_k_iters)
+    _check_activation_dtype("awq_gemm", "x", x, "scales", scales)
+    x2, lead = _flatten_rows("awq_gemm", "x", x)
+    out = torch.ops.w4kernels.awq_gemm(x2, qweight, scales, qzeros, split_k_iters)
+    return out if lead is None else out.reshape(*lead, out.shape[-1])
 
 
 @_register_fake("awq_gemm")

@@ -13,6 +13,7 @@ chosen, not how they are stored.
   takes, made with the repack ops and the Marlin scale / zero-point helpers below.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -82,11 +83,12 @@ class MarlinWeight:
     size_n: int
 
     def gemm(self, a: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``a [..., K] @ weight (+ bias [N])`` -> ``[..., N]`` in ``a``'s dtype."""
         from . import ops
 
         return ops.w4a16_gemm(a, self.b_q_weight, self.b_scales, self.b_zeros, self.g_idx,
-                              self.perm, self.workspace, a.shape[0], self.size_n, self.size_k,
-                              True, bias)
+                              self.perm, self.workspace, 4, math.prod(a.shape[:-1]),
+                              self.size_n, self.size_k, True, bias)
 
 
 def _groups_of(w: torch.Tensor, group_size: int) -> int:
