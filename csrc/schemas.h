@@ -24,7 +24,7 @@ inline void define_ops(torch::Library& m) {
   m.def("awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) "
         "-> Tensor");
   // fp16/bf16 activations [M, K] x Marlin int4 weight -> [M, N]; vLLM gptq_marlin_gemm
-  // semantics. workspace is the GPU kernel's inter-block lock array (zeroed on entry and exit).
+  // semantics. workspace holds the GPU kernel's split-K arrival counters (zero on entry and exit).
   m.def("w4a16_gemm(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? b_zeros, "
         "Tensor? g_idx, Tensor? perm, Tensor(a!) workspace, int num_bits, SymInt size_m, "
         "SymInt size_n, SymInt size_k, bool is_k_full, Tensor? b_bias=None, "
