@@ -205,6 +205,8 @@ def case_list(c: Cases):
          lambda: c.w4a16_gemm(1040, 128, 64, -1, bf16, bias=True)),
         ("w4a16_gemm bf16 M=5 K=384 N=128 g96 (row-group path)",
          lambda: c.w4a16_gemm(5, 384, 128, 96, bf16)),
+        ("w4a16_gemm bf16 M=9 K=256 N=192 g64 act-order (half-empty column tile)",
+         lambda: c.w4a16_gemm(9, 256, 192, 64, bf16, "act")),
         ("w4a16_gemm fp16 M=9 K=256 N=192 g64 zero-points (half-empty column tile)",
          lambda: c.w4a16_gemm(9, 256, 192, 64, f16, "awq", True)),
     ]

@@ -192,8 +192,9 @@ SCALE_MODES = [(g, act) for g in (-1, 32, 64, 128, 256, 96) for act in (None, "k
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_scale_modes(dtype, group_size, act_order, zp):
     """Every scale path: per-channel (scales in the epilogue), per-stage groups (32, 64, 128),
-    row groups (act-order, and groups 256 and 96 through a generated g_idx)."""
-    case = make_case(5, 768, 128, group_size, dtype, act_order, zp=zp, bias=True,
+    row groups (act-order, and groups 256 and 96 through a generated g_idx), with N = 64 x 3 (the
+    warps of the half-empty second tile must not read scales past N)."""
+    case = make_case(5, 768, 192, group_size, dtype, act_order, zp=zp, bias=True,
                      seed=group_size + 11 * zp)
     check_against_reference(simt(), case)
 

@@ -327,24 +327,17 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
   const bool s_col_valid = 2 * n_blk + s_col / 64 < num_chunks;
   const int s_sh_wr = s_copier ? L::kSOffset + s_slot * kTileN * 2 + 2 * s_col
                                : L::kZOffset + s_slot * (kTileN / 8) * 4 + s_col / 2;
-  const uint32_t* s_gl_rd = nullptr;  // this thread's scale or zero-point source
-  int s_gl_rd_delta = 0;              // words per group row
-  int s_gl_rd_delta_stage = 0;
   // Copies past K, or of a second chunk past N, or by threads that copy nothing: their row
   // threshold is never below k_left (one compare per copy and stage).
   const int s_row_threshold = (s_copier || z_copier) && s_col_valid ? 32 * s_slot : kNever;
+  const int s_gl_rd_delta = z_copier ? p.size_n / 8 : p.size_n / 2;  // words per group row
+  const int s_gl_rd_delta_stage = kGrouped ? (kStageK / p.group_size) * s_gl_rd_delta : 0;
+  const uint32_t* s_gl_rd = nullptr;  // this thread's scale or zero-point source
   if constexpr (kGrouped) {
-    const int row = stage_begin * kStageK + 32 * s_slot;
-    const int group = row / p.group_size;  // once, before the loop
-    if (z_copier) {
-      s_gl_rd_delta = p.size_n / 8;
-      s_gl_rd = p.b_zeros + static_cast<int64_t>(group) * s_gl_rd_delta + n_blk * 16 + s_col / 8;
-    } else {
-      s_gl_rd_delta = p.size_n / 2;  // N halves = N / 2 words
-      s_gl_rd = reinterpret_cast<const uint32_t*>(p.b_scales) +
-                static_cast<int64_t>(group) * s_gl_rd_delta + (n_blk * kTileN + s_col) / 2;
-    }
-    s_gl_rd_delta_stage = (kStageK / p.group_size) * s_gl_rd_delta;
+    const int64_t group = (stage_begin * kStageK + 32 * s_slot) / p.group_size;  // once
+    s_gl_rd = z_copier ? p.b_zeros + group * s_gl_rd_delta + n_blk * 16 + s_col / 8
+                       : reinterpret_cast<const uint32_t*>(p.b_scales) + group * s_gl_rd_delta +
+                             (n_blk * kTileN + s_col) / 2;
   }
   // g_idx (kRow): threads 128..159 copy 4 entries each.
   const bool g_copier = kMode == ScaleMode::kRow && t >= 128 && t < 160;
@@ -440,8 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
         const int2 g01 = *reinterpret_cast<const int2*>(g_sh);
         const int2 g89 = *reinterpret_cast<const int2*>(g_sh + 8);
         const int g4[4] = {g01.x, g01.y, g89.x, g89.y};
-        if (g4[0] != row_group[0] || g4[1] != row_group[1] || g4[2] != row_group[2] ||
-            g4[3] != row_group[3]) {
+        // (A warp whose chunk lies past N computes on zeros and stores nothing: no reload.)
+        if ((g4[0] != row_group[0] || g4[1] != row_group[1] || g4[2] != row_group[2] ||
+             g4[3] != row_group[3]) &&
+            chunk < num_chunks) {
           load_row_scales<T>(p, g4, row_group, chunk, col_lane, scale, zl, zh);
         }
       }
