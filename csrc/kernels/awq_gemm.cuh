@@ -30,14 +30,15 @@
 // lane: 4 LDS, 8 prmt (bf16: + 8 shifts), 16 lop3, 32 half2 ops, for 8 HMMAs at one m16 tile
 // (7.6 per HMMA); with kMTiles = 2 each B fragment feeds two HMMAs.
 //
-// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel): a k-tile lies in one
-// group; every stage carries its group's scales / qzeros row (the copy side advances the source
-// at group ends, tracked by a running count: no division in the loop), and the lane loads its
-// zero word and 8 scales from the stage at each k-tile into 4 + 4 pairs (TileConsts: 9
-// instructions), from which the decode picks halves with operand selectors. Otherwise (any other
-// group size, down to 1, and K not a multiple of the k-tile): the general path stores each
-// k-tile row's group index in shared memory (computed incrementally per k-tile) and reads the
-// two rows' zeros and scales per row pair from global memory (slow, rare path).
+// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel, or groups of 32 in 64-row
+// tiles): each kGroupK rows of a k-tile lie in one group; every stage carries their scales / qzeros
+// rows (the copy side advances the source at group ends, tracked by a running count: no division in
+// the loop; by two rows every k-tile for groups of 32), and the lane loads its zero word and 8
+// scales from the stage at each k-tile (each group) into 4 + 4 pairs (TileConsts: 9 instructions),
+// from which the decode picks halves with operand selectors. Otherwise (any other group size, down
+// to 1, and K not a multiple of the k-tile): the general path stores each k-tile row's group index
+// in shared memory (computed incrementally per k-tile) and reads the two rows' zeros and scales per
+// row pair from global memory (slow, rare path).
 //
 // Split-K, deterministic and bounded. blockIdx.z takes the contiguous k-tiles
 // [z * tiles_per_split, ...). With one split a block rounds and stores its tile. Otherwise each
@@ -54,13 +55,14 @@
 //            two HMMAs, which halves the dequant cost per HMMA.
 //   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
-// kTileK = 128 / 64 / 32, the largest that divides group_size (per-tile bookkeeping, barrier,
-// waits and copy addressing are paid per k-tile: at one m16 tile the dequantization alone costs
-// 8 instructions per HMMA, so the rest must be spread over as many HMMAs as possible); 32 on the
-// general path.
-// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; x rows 16-byte aligned with K % 8 == 0 or zero
-// padding up to a multiple of 8 (the bindings copy x otherwise); qweight / qzeros row strides
-// multiples of 4 words, all pointers 16-byte aligned.
+// kTileK = 128 / 64 / 32, the largest that divides group_size, and 64 for groups of 32 when
+// K % 64 == 0 (two scales/qzeros rows per stage, kGroupK = 32): the barrier, waits, copies,
+// loop tests and group constants are paid per k-tile (or per group), and at one m16 tile the
+// dequantization alone costs 7.6 instructions per HMMA, so the rest must be spread over as many
+// HMMAs as possible; 32 on the general path.
+// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; N < 2^27 (32-bit copy strides, launch checks); x rows
+// 16-byte aligned with K % 8 == 0 or zero padding up to a multiple of 8 (the bindings copy x
+// otherwise); qweight / qzeros row strides multiples of 4 words, all pointers 16-byte aligned.
 #pragma once
 
 #include <cstdint>
@@ -78,16 +80,20 @@ constexpr int kGemmWarps = kGemmThreads / 32;
 // Split-K scratch bound: splits are reduced until splits * tiles * kTileM * kTileN fp32 fit.
 constexpr int64_t kMaxScratchBytes = int64_t{4} << 20;
 
-template <int kMTiles_,         // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
-          int kWarpsM_,         // warps along M; the other 4 / kWarpsM_ warps split N
-          int kTileK_,          // k rows per pipeline stage (32, 64 or 128)
-          bool kGroupPerTile_>  // group_size % kTileK == 0: one scales/qzeros row per stage
+template <int kMTiles_,  // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
+          int kWarpsM_,  // warps along M; the other 4 / kWarpsM_ warps split N
+          int kTileK_,   // k rows per pipeline stage (32, 64 or 128)
+          int kGroupK_>  // per-tile path: each kGroupK rows of a stage lie in one group and the
+                         // stage carries their scales / qzeros row (kTileK, or 32 = group_size in
+                         // 64-row tiles); 0: the general path
 struct Config {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kGemmWarps / kWarpsM;
   static constexpr int kTileK = kTileK_;
-  static constexpr bool kGroupPerTile = kGroupPerTile_;
+  static constexpr int kGroupK = kGroupK_;
+  static constexpr bool kGroupPerTile = kGroupK > 0;
+  static constexpr int kGroupRows = kGroupPerTile ? kTileK / kGroupK : 0;  // per stage
   static constexpr int kTileM = 16 * kMTiles * kWarpsM;
   static constexpr int kTileN = 64 * kWarpsN;
   static constexpr int kWordsN = kTileN / 8;  // qweight words per tile row
@@ -97,8 +103,8 @@ struct Config {
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
-  // scales [kTileN] and qzeros [kWordsN] of the stage's group (kGroupPerTile), or the group
-  // index of each of the kTileK rows (general path, -1 past K).
+  // scales [kGroupRows][kTileN] and qzeros [kGroupRows][kWordsN] of the stage's groups
+  // (kGroupPerTile), or the group index of each of the kTileK rows (general path, -1 past K).
   // B rows carry 4 words of padding: the LDS.32 of lanes (g, t) hit word 2t * kBRowWords + g,
   // and kBRowWords % 32 in {4, 20} puts the 32 lanes in 32 different banks.
   static constexpr int kBRowWords = kWordsN + 4;
@@ -107,8 +113,8 @@ struct Config {
   static constexpr int kARowElems = kTileK + 8;
   static constexpr int kBBytes = kTileK * kBRowWords * 4;
   static constexpr int kABytes = kTileM * kARowElems * 2;
-  static constexpr int kSBytes = kGroupPerTile ? kTileN * 2 : 0;
-  static constexpr int kZBytes = kGroupPerTile ? kWordsN * 4 : 0;
+  static constexpr int kSBytes = kGroupRows * kTileN * 2;
+  static constexpr int kZBytes = kGroupRows * kWordsN * 4;
   static constexpr int kGBytes = kGroupPerTile ? 0 : kTileK * 4;
   static constexpr int kAOffset = kBBytes;
   static constexpr int kSOffset = kAOffset + kABytes;
@@ -143,7 +149,9 @@ struct Config {
                     kBRowsPerSweep * kBVisits == kTileK,
                 "whole B copy iterations");
   static_assert(kAVisits * kACpt == kAIters || kAChunks < kGemmThreads, "whole A copy iterations");
-  static_assert(kSChunks + kZChunks <= kGemmThreads, "one scales/zeros chunk per thread");
+  static_assert(kGroupRows * (kSChunks + kZChunks) <= kGemmThreads,
+                "one scales/zeros chunk per thread");
+  static_assert(!kGroupPerTile || (kGroupK % 16 == 0 && kTileK % kGroupK == 0), "whole k16 steps");
   static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
                     kZOffset % 16 == 0 && kGOffset % 16 == 0,
                 "16-byte aligned stage parts");
@@ -351,18 +359,23 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   // or zero-padded x).
   int a_k_left = static_cast<int>(p.size_k - k_begin) - 8 * a_u;
 
-  // Scales / zeros of a fetched tile's group (per-tile path): threads [0, kSChunks) copy the 8
-  // scales of word column n_word0 + tid, [kSChunks, kSChunks + kZChunks) 4 qzeros words; one
-  // pointer each, advanced by one group row when a group ends. Every stage carries its group's
-  // row (5% of the weight bytes at most, the same as before for group_size == kTileK), so the
-  // compute side rebuilds its constants every k-tile with no group bookkeeping of its own.
+  // Scales / zeros of a fetched tile's groups (per-tile path): for group row r < kGroupRows of
+  // the stage (rows [r kGroupK, (r + 1) kGroupK) of the tile), threads r * kSZChunks + [0,
+  // kSChunks) copy the 8 scales of word column n_word0 + chunk, the next kZChunks threads 4
+  // qzeros words; one pointer each, advanced when a group ends (kGroupRows == 1) or by
+  // kGroupRows rows every k-tile (group_size == kGroupK). Every stage carries its groups' rows
+  // (at most 5% of the weight bytes, as many as a new group per k-tile costs anyway), so the
+  // compute side rebuilds its constants from the stage with no group bookkeeping of its own.
+  constexpr int kSZChunks = C::kSChunks + C::kZChunks;
   const int group_size = static_cast<int>(p.group_size);
   const T* const scales = static_cast<const T*>(p.scales);
-  const bool s_copier = tid < C::kSChunks;
-  const bool sz_copier = tid < C::kSChunks + C::kZChunks;
-  const int sz_chunk = s_copier ? tid : tid - C::kSChunks;
-  const int64_t g_first = k_begin / p.group_size;  // once per block
-  // Rows of the current group not yet fetched (a multiple of kTileK on the per-tile path).
+  const int sz_row = tid / kSZChunks;
+  const bool s_copier = tid % kSZChunks < C::kSChunks;
+  const bool sz_copier = tid < C::kGroupRows * kSZChunks;
+  const int sz_chunk = s_copier ? tid % kSZChunks : tid % kSZChunks - C::kSChunks;
+  const int64_t g_first = (k_begin + C::kGroupK * sz_row) / p.group_size;  // once per block
+  // Rows of the current group not yet fetched (a multiple of kTileK on the per-tile path with
+  // kGroupRows == 1).
   int fetch_group_left = static_cast<int>((g_first + 1) * p.group_size - k_begin);
   const char* sz_gl_rd =
       s_copier ? reinterpret_cast<const char*>(scales + g_first * p.size_n +
@@ -370,7 +383,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
                : reinterpret_cast<const char*>(p.qzeros + g_first * p.ldz +
                                                min(n_word0 + 4 * sz_chunk, p.ldz - 4));
   const int sz_gl_rd_delta_g = static_cast<int>(s_copier ? p.size_n * 2 : p.ldz * 4);  // bytes
-  const int sz_sh_wr = s_copier ? C::kSOffset + 16 * sz_chunk : C::kZOffset + 16 * sz_chunk;
+  const int sz_sh_wr = s_copier ? C::kSOffset + sz_row * C::kTileN * 2 + 16 * sz_chunk
+                                : C::kZOffset + sz_row * C::kWordsN * 4 + 16 * sz_chunk;
 
   // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid
   // (tile_g, tile_off: kTileK = tile_g * group_size + tile_off, divided once).
@@ -416,10 +430,14 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
       a_k_left -= C::kTileK;
       if (C::kGroupPerTile) {
         if (sz_copier) ptx::cp_async16_cg_hint(st + sz_sh_wr, sz_gl_rd, policy);
-        fetch_group_left -= C::kTileK;
-        if (fetch_group_left == 0) {
-          fetch_group_left = group_size;
-          sz_gl_rd += sz_gl_rd_delta_g;
+        if (C::kGroupRows > 1) {
+          sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
+        } else {
+          fetch_group_left -= C::kTileK;
+          if (fetch_group_left == 0) {
+            fetch_group_left = group_size;
+            sz_gl_rd += sz_gl_rd_delta_g;
+          }
         }
       } else if (tid < C::kTileK) {
         reinterpret_cast<int*>(st + C::kGOffset)[tid] = row_k < p.size_k ? row_g : -1;
@@ -456,11 +474,13 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   auto compute = [&](int slot) {
     const char* const st = sh_bytes + slot * C::kStageBytes;
     TileConsts<T> tc;
-    if (C::kGroupPerTile)
-      tc.load(*reinterpret_cast<const uint32_t*>(st + z_sh_rd),
-              *reinterpret_cast<const uint4*>(st + s_sh_rd));
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
+      if (C::kGroupPerTile && ks % (C::kGroupK / 16) == 0) {
+        const int r = ks / (C::kGroupK / 16);  // the stage's group row of this k16 step
+        tc.load(*reinterpret_cast<const uint32_t*>(st + z_sh_rd + r * C::kWordsN * 4),
+                *reinterpret_cast<const uint4*>(st + s_sh_rd + r * C::kTileN * 2));
+      }
       const uint32_t* bw =
           reinterpret_cast<const uint32_t*>(st + b_sh_rd) + 16 * ks * C::kBRowWords;
       const uint32_t q[4] = {bw[0], bw[C::kBRowWords], bw[8 * C::kBRowWords],
@@ -595,7 +615,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 struct AwqGemmPlan {
   int config = 0;   // 0: M <= 16, 1: M <= 32, 2: M > 32 (see the header comment)
   int tile_k = 32;  // 32, 64 or 128
-  bool group_per_tile = false;
+  int group_k = 0;  // Config::kGroupK: rows per scales/qzeros row of a stage, 0: general path
   int64_t tile_m = 0, tile_n = 0;
   int64_t m_tiles = 0, n_tiles = 0, splits = 1, tiles_per_split = 0;
   int64_t scratch_floats = 0;  // fp32 split-K scratch (0 with one split)
@@ -608,8 +628,15 @@ struct AwqGemmPlan {
 inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
                                  int64_t split_k_iters) {
   AwqGemmPlan pl;
-  pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 ? 64 : 32;
-  pl.group_per_tile = group_size % pl.tile_k == 0;
+  // The largest k-tile whose rows split into whole groups; groups of 32 take 64-row tiles with
+  // two scales/qzeros rows per stage when K allows (half the per-k-tile overhead of 32-row ones).
+  if (group_size % 32 == 0) {
+    pl.tile_k = group_size % 128 == 0                  ? 128
+                : group_size % 64 == 0                 ? 64
+                : group_size == 32 && size_k % 64 == 0 ? 64
+                                                       : 32;
+    pl.group_k = group_size == 32 ? 32 : pl.tile_k;
+  }
   pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
   pl.tile_m = pl.config == 0 ? 16 : pl.config == 1 ? 32 : 64;
   pl.tile_n = pl.config == 2 ? 128 : 256;
@@ -650,15 +677,15 @@ cudaError_t launch_config(const GemmParams& p, const AwqGemmPlan& pl, cudaStream
   return cudaGetLastError();
 }
 
-template <typename T, int kTileK, bool kGroupPerTile>
+template <typename T, int kTileK, int kGroupK>
 cudaError_t launch_tile_k(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
   switch (pl.config) {
     case 0:
-      return launch_config<T, Config<1, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<1, 1, kTileK, kGroupK>>(p, pl, stream);
     case 1:
-      return launch_config<T, Config<2, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<2, 1, kTileK, kGroupK>>(p, pl, stream);
     default:
-      return launch_config<T, Config<2, 2, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<2, 2, kTileK, kGroupK>>(p, pl, stream);
   }
 }
 
@@ -686,10 +713,12 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
   p.ldx = ldx, p.ldq = ldq, p.ldz = ldz;
   p.size_m = size_m, p.size_n = size_n, p.size_k = size_k, p.group_size = group_size;
   p.tiles_per_split = plan.tiles_per_split;
-  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, true>(p, plan, stream);
-  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, true>(p, plan, stream);
-  if (plan.group_per_tile) return awq::launch_tile_k<T, 32, true>(p, plan, stream);
-  return awq::launch_tile_k<T, 32, false>(p, plan, stream);
+  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, 128>(p, plan, stream);
+  if (plan.tile_k == 64 && plan.group_k == 64)
+    return awq::launch_tile_k<T, 64, 64>(p, plan, stream);
+  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, 32>(p, plan, stream);
+  if (plan.group_k == 32) return awq::launch_tile_k<T, 32, 32>(p, plan, stream);
+  return awq::launch_tile_k<T, 32, 0>(p, plan, stream);
 }
 
 }  // namespace w4k
