@@ -11,8 +11,8 @@ parametrization on 'simt' too, with split_k_iters = 8).
   tile, so the result must not depend on the split count by more than the error bound.
 * Exactness: x = I gives out = the dequantized weight bit for bit (one product per output).
 * Configurations: M on both sides of every per-M tile (16 / 32 / 64 rows), every group path
-  (k-tiles of 128, 64, 32 rows, the general per-row path), N = 64 x odd (partial 256- and
-  128-column tiles), large K with many splits.
+  (k-tiles of 128, 64, 32 rows, groups of 32 in 64-row k-tiles, the general per-row path),
+  N = 64 x odd (partial 256- and 128-column tiles), large K with many splits.
 * Schedules: every split path gives the same bits under the forward, reverse and shuffle thread
   orders and with 1 or 4 concurrently running blocks (the last-arriving split, not a fixed one,
   sums the partials: the sum order must not depend on which block arrives last).
@@ -92,11 +92,17 @@ def test_deterministic_split_k(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_identity_gives_dequantized_weight(dtype):
+@pytest.mark.parametrize("size_k,group_size", [(96, 32), (128, 32), (128, 64), (256, 128)])
+def test_identity_gives_dequantized_weight(dtype, size_k, group_size):
     """x = I (K x K): each output is one product 1 * w[k, n] in fp32, rounded back to the dtype:
-    exactly awq_dequantize's output, which pins the nibble order and the weight rounding."""
-    _, qw, s, qz = _case(1, 96, 136, 32, dtype, seed=5)
-    x = torch.eye(96, dtype=dtype)
+    exactly awq_dequantize's output, which pins the nibble order and the weight rounding (on each
+    k-tile path; scales from subnormal to large, both signs, so that every rounding shows)."""
+    _, qw, s, qz = _case(1, size_k, 136, group_size, dtype, seed=5)
+    gen = torch.Generator().manual_seed(size_k)
+    mag = torch.exp2(torch.randint(-24, 10, s.shape, generator=gen).to(torch.float32))
+    s = (s.float() * mag).to(dtype)
+    s[:, 1::3] = -s[:, 1::3]
+    x = torch.eye(size_k, dtype=dtype)
     for split in (1, 3):
         out = simt().op("awq_gemm")(x, qw, s, qz, split)
         assert golden.same_bits(out, reference.awq_dequantize(qw, s, qz))
@@ -131,6 +137,9 @@ SPLIT_PATHS = [
     (40, 256, 192, 64, 4), (3, 256, 64, 64, 2),
     (17, 256, 192, 32, 8), (70, 128, 128, 32, 3),
     (5, 200, 136, 40, 1), (12, 216, 72, 24, 5), (33, 216, 200, 8, 4),
+    # groups spanning several k-tiles, splits starting inside a group (k-tile 128, 64, 32)
+    (9, 1024, 192, 256, 3), (6, 576, 128, 192, 5), (7, 384, 64, 96, 3),
+    (5, 96, 64, 32, 2),  # groups of 32 with K % 64 != 0: 32-row k-tiles
 ]
 
 

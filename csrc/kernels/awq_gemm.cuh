@@ -10,9 +10,11 @@
 // Dataflow. A block of 4 warps owns a kTileM x kTileN output tile and walks the k-tiles
 // (kTileK rows) of its split through a kStages-deep cp.async pipeline: per stage, the raw
 // qweight words of the tile ([kTileK, kTileN / 8] uint32), the activation tile ([kTileM, kTileK],
-// rows >= M and k >= K zero-filled) and, at the k-tile that opens a group, that group's scales
-// and qzeros rows. Weights, scales and zeros carry an L2 evict_first policy. A warp owns
-// 16 * kMTiles rows x 64 columns: 8 n8 tiles, 32 * kMTiles fp32 accumulators per lane.
+// rows >= M and k >= K zero-filled) and, on the per-tile path, the scales and qzeros rows of the
+// tile's group. Weights, scales and zeros carry an L2 evict_first policy. A warp owns
+// 16 * kMTiles rows x 64 columns: 8 n8 tiles, 32 * kMTiles fp32 accumulators per lane. The main
+// loop is unrolled over the kStages pipeline slots, so that every shared-memory address (copies,
+// B words, ldmatrix, scales) is a thread-constant register plus an immediate.
 //
 // Register dequantization, no second shared-memory pass. The mma B fragment of lane (g, t),
 // g = lane / 4, t = lane % 4, holds the (k, k+1) pairs k = 2t and 2t + 8 of ONE column; a qweight
@@ -21,17 +23,22 @@
 //   n8 tile j, mma column p  <->  real column 8 * (warp word 8 * warp_n + p) + kNibbleCol[j],
 // kNibbleCol = {0, 2, 4, 6, 1, 3, 5, 7} (the AWQ nibble order). A lane reads its 4 words
 // (rows 2t, 2t+1, 2t+8, 2t+9 of the k16 step) from shared memory, merges each row pair with one
-// prmt per 4 nibbles so that both rows' nibble j sit in the two 16-bit halves, and one lop3 per
-// pair turns that into (B + q[k], B + q[k+1]) as a T pair; (B + q) - (B + z) = q - z exactly and
-// one hfma2 with +0 rounds it as awq_dequantize does. About 8 instructions per HMMA at one m16
-// tile; with kMTiles = 2 each B fragment feeds two HMMAs.
+// prmt per byte (byte b of row k in the low 16-bit half, of row k+1 in the high half), and one
+// lop3 per pair turns a nibble of that into (B + q[k], B + q[k+1]) as a T pair (fp16 takes the
+// high nibble of a byte in place as B + 16 q: no shifts; decode_tile); q - z comes out exactly
+// of one hsub2 / hfma2 and one hfma2 with +0 rounds it as awq_dequantize does. Per k16 step and
+// lane: 4 LDS, 8 prmt (bf16: + 8 shifts), 16 lop3, 32 half2 ops, for 8 HMMAs at one m16 tile
+// (7.6 per HMMA); with kMTiles = 2 each B fragment feeds two HMMAs.
 //
-// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel): a k-tile lies in one
-// group, the group changes only at tile boundaries (tracked by a running offset: no division in
-// the loop), and the lane rebuilds its 8 (z, z) / (s, s) pairs only then. Otherwise (any other
-// group size, down to 1, and K not a multiple of the k-tile): the general path stores each
-// k-tile row's group index in shared memory (computed incrementally per k-tile) and reads the
-// two rows' zeros and scales per row pair from global memory (slow, rare path).
+// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel, or groups of 32 in 64-row
+// tiles): each kGroupK rows of a k-tile lie in one group; every stage carries their scales / qzeros
+// rows (the copy side advances the source at group ends, tracked by a running count: no division in
+// the loop; by two rows every k-tile for groups of 32), and the lane loads its zero word and 8
+// scales from the stage at each k-tile (each group) into 4 + 4 pairs (TileConsts: 9 instructions),
+// from which the decode picks halves with operand selectors. Otherwise (any other group size, down
+// to 1, and K not a multiple of the k-tile): the general path stores each k-tile row's group index
+// in shared memory (computed incrementally per k-tile) and reads the two rows' zeros and scales per
+// row pair from global memory (slow, rare path).
 //
 // Split-K, deterministic and bounded. blockIdx.z takes the contiguous k-tiles
 // [z * tiles_per_split, ...). With one split a block rounds and stores its tile. Otherwise each
@@ -48,13 +55,14 @@
 //            two HMMAs, which halves the dequant cost per HMMA.
 //   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
-// kTileK = 128 / 64 / 32, the largest that divides group_size (per-tile bookkeeping, barrier,
-// waits and copy addressing are paid per k-tile: at one m16 tile the dequantization alone costs
-// 8 instructions per HMMA, so the rest must be spread over as many HMMAs as possible); 32 on the
-// general path.
-// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; x rows 16-byte aligned with K % 8 == 0 or zero
-// padding up to a multiple of 8 (the bindings copy x otherwise); qweight / qzeros row strides
-// multiples of 4 words, all pointers 16-byte aligned.
+// kTileK = 128 / 64 / 32, the largest that divides group_size, and 64 for groups of 32 when
+// K % 64 == 0 (two scales/qzeros rows per stage, kGroupK = 32): the barrier, waits, copies,
+// loop tests and group constants are paid per k-tile (or per group), and at one m16 tile the
+// dequantization alone costs 7.6 instructions per HMMA, so the rest must be spread over as many
+// HMMAs as possible; 32 on the general path.
+// Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; N < 2^27 (32-bit copy strides, launch checks); x rows
+// 16-byte aligned with K % 8 == 0 or zero padding up to a multiple of 8 (the bindings copy x
+// otherwise); qweight / qzeros row strides multiples of 4 words, all pointers 16-byte aligned.
 #pragma once
 
 #include <cstdint>
@@ -72,16 +80,20 @@ constexpr int kGemmWarps = kGemmThreads / 32;
 // Split-K scratch bound: splits are reduced until splits * tiles * kTileM * kTileN fp32 fit.
 constexpr int64_t kMaxScratchBytes = int64_t{4} << 20;
 
-template <int kMTiles_,         // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
-          int kWarpsM_,         // warps along M; the other 4 / kWarpsM_ warps split N
-          int kTileK_,          // k rows per pipeline stage (32, 64 or 128)
-          bool kGroupPerTile_>  // group_size % kTileK == 0: one scales/qzeros row per stage
+template <int kMTiles_,  // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
+          int kWarpsM_,  // warps along M; the other 4 / kWarpsM_ warps split N
+          int kTileK_,   // k rows per pipeline stage (32, 64 or 128)
+          int kGroupK_>  // per-tile path: each kGroupK rows of a stage lie in one group and the
+                         // stage carries their scales / qzeros row (kTileK, or 32 = group_size in
+                         // 64-row tiles); 0: the general path
 struct Config {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kGemmWarps / kWarpsM;
   static constexpr int kTileK = kTileK_;
-  static constexpr bool kGroupPerTile = kGroupPerTile_;
+  static constexpr int kGroupK = kGroupK_;
+  static constexpr bool kGroupPerTile = kGroupK > 0;
+  static constexpr int kGroupRows = kGroupPerTile ? kTileK / kGroupK : 0;  // per stage
   static constexpr int kTileM = 16 * kMTiles * kWarpsM;
   static constexpr int kTileN = 64 * kWarpsN;
   static constexpr int kWordsN = kTileN / 8;  // qweight words per tile row
@@ -91,8 +103,8 @@ struct Config {
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
-  // scales [kTileN] and qzeros [kWordsN] of the stage's group (kGroupPerTile), or the group
-  // index of each of the kTileK rows (general path, -1 past K).
+  // scales [kGroupRows][kTileN] and qzeros [kGroupRows][kWordsN] of the stage's groups
+  // (kGroupPerTile), or the group index of each of the kTileK rows (general path, -1 past K).
   // B rows carry 4 words of padding: the LDS.32 of lanes (g, t) hit word 2t * kBRowWords + g,
   // and kBRowWords % 32 in {4, 20} puts the 32 lanes in 32 different banks.
   static constexpr int kBRowWords = kWordsN + 4;
@@ -101,8 +113,8 @@ struct Config {
   static constexpr int kARowElems = kTileK + 8;
   static constexpr int kBBytes = kTileK * kBRowWords * 4;
   static constexpr int kABytes = kTileM * kARowElems * 2;
-  static constexpr int kSBytes = kGroupPerTile ? kTileN * 2 : 0;
-  static constexpr int kZBytes = kGroupPerTile ? kWordsN * 4 : 0;
+  static constexpr int kSBytes = kGroupRows * kTileN * 2;
+  static constexpr int kZBytes = kGroupRows * kWordsN * 4;
   static constexpr int kGBytes = kGroupPerTile ? 0 : kTileK * 4;
   static constexpr int kAOffset = kBBytes;
   static constexpr int kSOffset = kAOffset + kABytes;
@@ -137,7 +149,9 @@ struct Config {
                     kBRowsPerSweep * kBVisits == kTileK,
                 "whole B copy iterations");
   static_assert(kAVisits * kACpt == kAIters || kAChunks < kGemmThreads, "whole A copy iterations");
-  static_assert(kSChunks + kZChunks <= kGemmThreads, "one scales/zeros chunk per thread");
+  static_assert(kGroupRows * (kSChunks + kZChunks) <= kGemmThreads,
+                "one scales/zeros chunk per thread");
+  static_assert(!kGroupPerTile || (kGroupK % 16 == 0 && kTileK % kGroupK == 0), "whole k16 steps");
   static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
                     kZOffset % 16 == 0 && kGOffset % 16 == 0,
                 "16-byte aligned stage parts");
@@ -180,14 +194,97 @@ __device__ __forceinline__ void dequant_fragments(const uint32_t q[4],
   }
 }
 
-// Duplicated halves: (p.lo, p.lo) or (p.hi, p.hi). nvcc folds these into the .H0_H0 / .H1_H1
-// operand selectors of HADD2 / HFMA2.
+// fp16 decodes the high nibble of a byte in place (see decode_tile); bf16 cannot.
+template <typename T>
+constexpr bool kHighNibbleInPlace = DequantTraits<T>::kMagic2 == 0x64006400u;
+
+// Duplicated halves: (p.lo, p.lo) or (p.hi, p.hi). Used only inside the HADD2 / HFMA2 operands
+// of the per-tile decode, where nvcc folds them into the .H0_H0 / .H1_H1 operand selectors.
 __device__ __forceinline__ half2 dup_half(half2 p, int hi) {
-  return hi ? __highs2half2(p, p) : __lows2half2(p, p);
+  return hi ? __high2half2(p) : __low2half2(p);
 }
 __device__ __forceinline__ __nv_bfloat162 dup_half(__nv_bfloat162 p, int hi) {
-  return hi ? __highs2bfloat162(p, p) : __lows2bfloat162(p, p);
+  return hi ? __high2bfloat162(p) : __low2bfloat162(p);
 }
+
+// Per-tile path: the zero and scale constants of one group for a lane's word column, kept as
+// the 4 pairs (column 2m, column 2m + 1) = (nibble m, nibble m + 4) the way they arrive (the
+// decode picks a half with an operand selector: no per-nibble copies, 8 registers).
+//   s[m]: the scales.  z[m]: (B + z) for the low nibbles of a byte (m even); for m odd, fp16
+//   takes the high nibbles in place as B + 16 q and z[m] is -(B / 16 + z) (see decode_tile).
+template <typename T>
+struct TileConsts {
+  using pair_t = typename DequantTraits<T>::pair_t;
+  pair_t z[4], s[4];
+
+  __device__ __forceinline__ void load(uint32_t zw, uint4 sv) {
+    constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;
+    constexpr uint32_t kB = DequantTraits<T>::kMagic2;
+    s[0] = bit_cast_u32<pair_t>(sv.x), s[1] = bit_cast_u32<pair_t>(sv.y);
+    s[2] = bit_cast_u32<pair_t>(sv.z), s[3] = bit_cast_u32<pair_t>(sv.w);
+    if (kHighNibbleInPlace<T>) {
+      // As the weights: the odd nibbles in place, (1024 + 16 z) * (-1/16) = -(64 + z), exact.
+      const pair_t minus_sixteenth = bit_cast_u32<pair_t>(0xac00ac00u);
+#pragma unroll
+      for (int m = 0; m < 4; m += 2) {
+        const uint32_t w = zw >> (4 * m);
+        z[m] = bit_cast_u32<pair_t>(ptx::lop3<kAndOr>(w, 0x000f000fu, kB));
+        z[m + 1] =
+            __hmul2(bit_cast_u32<pair_t>(ptx::lop3<kAndOr>(w, 0x00f000f0u, kB)), minus_sixteenth);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) z[m] = bit_cast_u32<pair_t>(biased_pair<T>(zw, m));
+    }
+  }
+};
+
+// The two b registers of the 8 n8 tiles from the words q[0..3] of rows (2t, 2t+1), (2t+8, 2t+9)
+// (per-tile path: one group, the same zero and scale for both rows of a pair).
+// Nibble j of a word is the low (j even) or high (j odd) nibble of byte j / 2. One prmt per byte
+// puts byte j / 2 of row k into the low half and of row k + 1 into the high half (bits 0-7 of
+// each); a lop3 then makes the (k, k+1) pair:
+//   low nibble:  (P & 0x000f000f) | B = B + q; q - z = (B + q) - (B + z), exact.
+//   high nibble, fp16: (P & 0x00f000f0) | B = 1024 + 16 q (the step of fp16 at 1024 is 1, so
+//     16 q is exact); q - z = fma(1024 + 16 q, 1/16, -(64 + z)) = (64 + q) - (64 + z), exact
+//     (the product is exact and the sum is a small integer). This saves the shift a nibble at
+//     bits 4-7 would need: one shift per 2 pairs instead of 3 per 4.
+//   high nibble, bf16: bits 4-7 straddle the exponent (7-bit mantissa), so (P >> 4) is decoded
+//     as a low nibble.
+// Then w = fma(q - z, s, +0) in T, as awq_dequantize rounds it (q == z, s < 0: +0).
+template <typename T>
+__device__ __forceinline__ void decode_tile(const uint32_t q[4], const TileConsts<T>& c,
+                                            uint32_t frag[8][2]) {
+  using pair_t = typename DequantTraits<T>::pair_t;
+  constexpr int kAndOr = (0xf0 & 0xcc) | 0xaa;
+  constexpr uint32_t kB = DequantTraits<T>::kMagic2;
+  const pair_t zero = bit_cast_u32<pair_t>(0u);
+  const pair_t sixteenth = bit_cast_u32<pair_t>(0x2c002c00u);  // fp16 (1/16, 1/16)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // Byte b of q[2h] in bits 0-7 (and 8-15), of q[2h + 1] in bits 16-23 (and 24-31).
+    uint32_t bytes[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) bytes[b] = ptx::prmt(q[2 * h], q[2 * h + 1], 0x4400 + 0x1111 * b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const pair_t z = dup_half(c.z[j % 4], j / 4), s = dup_half(c.s[j % 4], j / 4);
+      pair_t diff;
+      if (j % 2 == 0) {
+        diff = __hsub2(bit_cast_u32<pair_t>(ptx::lop3<kAndOr>(bytes[j / 2], 0x000f000fu, kB)), z);
+      } else if (kHighNibbleInPlace<T>) {
+        diff = __hfma2(bit_cast_u32<pair_t>(ptx::lop3<kAndOr>(bytes[j / 2], 0x00f000f0u, kB)),
+                       sixteenth, z);
+      } else {
+        diff =
+            __hsub2(bit_cast_u32<pair_t>(ptx::lop3<kAndOr>(bytes[j / 2] >> 4, 0x000f000fu, kB)), z);
+      }
+      frag[j][h] = u32_of(__hfma2(diff, s, zero));
+    }
+  }
+}
+
+// General path: per-row zero / scale pairs.
 __device__ __forceinline__ half2 pair_halves(half2 a, half2 b, int hi) {
   return hi ? __highs2half2(a, b) : __lows2half2(a, b);
 }
@@ -236,7 +333,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 #pragma unroll
   for (int v = 0; v < C::kBVisits; ++v)
     b_gl_rd[v] = p.qweight + (k_begin + b_row + v * C::kBRowsPerSweep) * p.ldq + n_word0 + 4 * b_u;
-  const int64_t b_gl_rd_delta_t = C::kTileK * p.ldq;  // between k-tiles
+  // Between k-tiles; int, so that the advance is one IMAD.WIDE (launch_awq_gemm checks the range).
+  const int b_gl_rd_delta_t = static_cast<int>(C::kTileK * p.ldq);
   // Chunk j is inside the row while 4 * kBTpr * j < b_cols_left (all of them but on the last
   // N tile); 32-bit, compared with an immediate per chunk.
   const int b_cols_left = static_cast<int>(min(p.ldq - n_word0 - 4 * b_u, int64_t{1} << 30));
@@ -261,23 +359,32 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   // or zero-padded x).
   int a_k_left = static_cast<int>(p.size_k - k_begin) - 8 * a_u;
 
-  // Scales / zeros of the group a fetched tile opens (per-tile path): threads [0, kSChunks)
-  // copy the 8 scales of word column n_word0 + tid, [kSChunks, kSChunks + kZChunks) 4 qzeros
-  // words; one pointer each, advanced by one group row when a group ends.
+  // Scales / zeros of a fetched tile's groups (per-tile path): for group row r < kGroupRows of
+  // the stage (rows [r kGroupK, (r + 1) kGroupK) of the tile), threads r * kSZChunks + [0,
+  // kSChunks) copy the 8 scales of word column n_word0 + chunk, the next kZChunks threads 4
+  // qzeros words; one pointer each, advanced when a group ends (kGroupRows == 1) or by
+  // kGroupRows rows every k-tile (group_size == kGroupK). Every stage carries its groups' rows
+  // (at most 5% of the weight bytes, as many as a new group per k-tile costs anyway), so the
+  // compute side rebuilds its constants from the stage with no group bookkeeping of its own.
+  constexpr int kSZChunks = C::kSChunks + C::kZChunks;
   const int group_size = static_cast<int>(p.group_size);
   const T* const scales = static_cast<const T*>(p.scales);
-  const bool s_copier = tid < C::kSChunks;
-  const bool sz_copier = tid < C::kSChunks + C::kZChunks;
-  const int sz_chunk = s_copier ? tid : tid - C::kSChunks;
-  const int64_t g_first = k_begin / p.group_size;                            // once per block
-  int fetch_group_off = static_cast<int>(k_begin - g_first * p.group_size);  // row in group
+  const int sz_row = tid / kSZChunks;
+  const bool s_copier = tid % kSZChunks < C::kSChunks;
+  const bool sz_copier = tid < C::kGroupRows * kSZChunks;
+  const int sz_chunk = s_copier ? tid % kSZChunks : tid % kSZChunks - C::kSChunks;
+  const int64_t g_first = (k_begin + C::kGroupK * sz_row) / p.group_size;  // once per block
+  // Rows of the current group not yet fetched (a multiple of kTileK on the per-tile path with
+  // kGroupRows == 1).
+  int fetch_group_left = static_cast<int>((g_first + 1) * p.group_size - k_begin);
   const char* sz_gl_rd =
       s_copier ? reinterpret_cast<const char*>(scales + g_first * p.size_n +
                                                min(8 * (n_word0 + sz_chunk), p.size_n - 8))
                : reinterpret_cast<const char*>(p.qzeros + g_first * p.ldz +
                                                min(n_word0 + 4 * sz_chunk, p.ldz - 4));
-  const int64_t sz_gl_rd_delta_g = s_copier ? p.size_n * 2 : p.ldz * 4;  // bytes per group
-  const int sz_sh_wr = s_copier ? C::kSOffset + 16 * sz_chunk : C::kZOffset + 16 * sz_chunk;
+  const int sz_gl_rd_delta_g = static_cast<int>(s_copier ? p.size_n * 2 : p.ldz * 4);  // bytes
+  const int sz_sh_wr = s_copier ? C::kSOffset + sz_row * C::kTileN * 2 + 16 * sz_chunk
+                                : C::kZOffset + sz_row * C::kWordsN * 4 + 16 * sz_chunk;
 
   // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid
   // (tile_g, tile_off: kTileK = tile_g * group_size + tile_off, divided once).
@@ -289,52 +396,58 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
     tile_off = C::kTileK - tile_g * group_size;
   }
 
-  bool first_fetch = true;
-  auto fetch = [&](int stage) {
-    char* const st = sh_bytes + stage * C::kStageBytes;
-    char* const b_sh = st + b_sh_wr;
+  // Issues the copies of the next k-tile into pipeline slot `slot` (a constant once the main
+  // loop is unrolled over the slots: every shared address is a register plus an immediate) if
+  // `valid`, then commits a group (an empty one past the split's end).
+  auto fetch = [&](int slot, bool valid) {
+    if (valid) {
+      char* const st = sh_bytes + slot * C::kStageBytes;
 #pragma unroll
-    for (int v = 0; v < C::kBVisits; ++v) {
-      if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
+      for (int v = 0; v < C::kBVisits; ++v) {
+        if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
 #pragma unroll
-        for (int j = 0; j < C::kBCpt; ++j)
-          if (4 * C::kBTpr * j < b_cols_left)
-            ptx::cp_async16_cg_hint(
-                b_sh + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
-                b_gl_rd[v] + 4 * j * C::kBTpr, policy);
+          for (int j = 0; j < C::kBCpt; ++j)
+            if (4 * C::kBTpr * j < b_cols_left)
+              ptx::cp_async16_cg_hint(
+                  st + b_sh_wr + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
+                  b_gl_rd[v] + 4 * j * C::kBTpr, policy);
+        }
+        b_gl_rd[v] += b_gl_rd_delta_t;
       }
-      b_gl_rd[v] += b_gl_rd_delta_t;
-    }
-    b_k_left -= C::kTileK;
-    if (a_copier) {
+      b_k_left -= C::kTileK;
+      if (a_copier) {
 #pragma unroll
-      for (int v = 0; v < C::kAVisits; ++v) {
+        for (int v = 0; v < C::kAVisits; ++v) {
 #pragma unroll
-        for (int j = 0; j < C::kACpt; ++j)
-          ptx::cp_async16_cg_zfill(
-              st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
-              a_gl_rd[v] + 8 * j * C::kATpr,
-              a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
-        a_gl_rd[v] += C::kTileK;
+          for (int j = 0; j < C::kACpt; ++j)
+            ptx::cp_async16_cg_zfill(
+                st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
+                a_gl_rd[v] + 8 * j * C::kATpr,
+                a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
+          a_gl_rd[v] += C::kTileK;
+        }
+      }
+      a_k_left -= C::kTileK;
+      if (C::kGroupPerTile) {
+        if (sz_copier) ptx::cp_async16_cg_hint(st + sz_sh_wr, sz_gl_rd, policy);
+        if (C::kGroupRows > 1) {
+          sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
+        } else {
+          fetch_group_left -= C::kTileK;
+          if (fetch_group_left == 0) {
+            fetch_group_left = group_size;
+            sz_gl_rd += sz_gl_rd_delta_g;
+          }
+        }
+      } else if (tid < C::kTileK) {
+        reinterpret_cast<int*>(st + C::kGOffset)[tid] = row_k < p.size_k ? row_g : -1;
+        row_k += C::kTileK;
+        row_g += tile_g;
+        row_off += tile_off;
+        if (row_off >= group_size) row_off -= group_size, ++row_g;
       }
     }
-    a_k_left -= C::kTileK;
-    if (C::kGroupPerTile) {
-      if ((fetch_group_off == 0 || first_fetch) && sz_copier)
-        ptx::cp_async16_cg_hint(st + sz_sh_wr, sz_gl_rd, policy);
-      fetch_group_off += C::kTileK;
-      if (fetch_group_off == group_size) {
-        fetch_group_off = 0;
-        sz_gl_rd += sz_gl_rd_delta_g;
-      }
-    } else if (tid < C::kTileK) {
-      reinterpret_cast<int*>(st + C::kGOffset)[tid] = row_k < p.size_k ? row_g : -1;
-      row_k += C::kTileK;
-      row_g += tile_g;
-      row_off += tile_off;
-      if (row_off >= group_size) row_off -= group_size, ++row_g;
-    }
-    first_fetch = false;
+    ptx::cp_async_commit_group();
   };
 
   // ---- compute side -------------------------------------------------------------------------
@@ -344,8 +457,10 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   // A (16 x 16 per ldmatrix.x4): lane l addresses row l % 16, k 8 * (l / 16) of the k16 step.
   const int a_sh_rd =
       C::kAOffset + ((16 * C::kMTiles * warp_m + lane % 16) * C::kARowElems + 8 * (lane / 16)) * 2;
+  // The lane's zero word and 8 scales in a stage (per-tile path).
+  const int z_sh_rd = C::kZOffset + 4 * (8 * warp_n + g);
+  const int s_sh_rd = C::kSOffset + 16 * (8 * warp_n + g);
   const int64_t lane_word = n_word0 + 8 * warp_n + g;  // this lane's qweight word column
-  int comp_group_off = static_cast<int>(k_begin - g_first * p.group_size);
 
   float acc[C::kMTiles][8][4];
 #pragma unroll
@@ -355,54 +470,25 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 
-  pair_t zb[2][8], sc[2][8];  // per-tile path: valid from the first tile on
-  const pair_t zero_pair = bit_cast_u32<pair_t>(0u);
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) zb[h][j] = sc[h][j] = zero_pair;
-
-      // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
-#pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) {
-    if (s < num_tiles) fetch(s);
-    ptx::cp_async_commit_group();
-  }
-
-  int rd_stage = 0, wr_stage = C::kStages - 1;
-  for (int it = 0; it < num_tiles; ++it) {
-    ptx::cp_async_wait_group<C::kStages - 2>();
-    __syncthreads();  // tile it visible to all; stage wr_stage (read at it - 1) free again
-    if (it + C::kStages - 1 < num_tiles) fetch(wr_stage);
-    ptx::cp_async_commit_group();
-    const char* const st = sh_bytes + rd_stage * C::kStageBytes;
-
-    if (C::kGroupPerTile) {
-      if (comp_group_off == 0 || it == 0) {  // a new group: rebuild the (z, z), (s, s) pairs
-        const uint32_t zw = reinterpret_cast<const uint32_t*>(st + C::kZOffset)[8 * warp_n + g];
-        const uint4 sv = reinterpret_cast<const uint4*>(st + C::kSOffset)[8 * warp_n + g];
-        const uint32_t s4[4] = {sv.x, sv.y, sv.z, sv.w};  // (s col 2m, s col 2m + 1)
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const pair_t zm = bit_cast_u32<pair_t>(biased_pair<T>(zw, m));  // cols 2m, 2m + 1
-#pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {  // nibble j = m + 4 hi is column 2m + hi
-            zb[0][m + 4 * hi] = zb[1][m + 4 * hi] = dup_half(zm, hi);
-            sc[0][m + 4 * hi] = sc[1][m + 4 * hi] = dup_half(bit_cast_u32<pair_t>(s4[m]), hi);
-          }
-        }
-      }
-      comp_group_off += C::kTileK;
-      if (comp_group_off == group_size) comp_group_off = 0;
-    }
-
+  // The MMAs of the k-tile in pipeline slot `slot` (a constant, as in fetch).
+  auto compute = [&](int slot) {
+    const char* const st = sh_bytes + slot * C::kStageBytes;
+    TileConsts<T> tc;
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
+      if (C::kGroupPerTile && ks % (C::kGroupK / 16) == 0) {
+        const int r = ks / (C::kGroupK / 16);  // the stage's group row of this k16 step
+        tc.load(*reinterpret_cast<const uint32_t*>(st + z_sh_rd + r * C::kWordsN * 4),
+                *reinterpret_cast<const uint4*>(st + s_sh_rd + r * C::kTileN * 2));
+      }
       const uint32_t* bw =
           reinterpret_cast<const uint32_t*>(st + b_sh_rd) + 16 * ks * C::kBRowWords;
       const uint32_t q[4] = {bw[0], bw[C::kBRowWords], bw[8 * C::kBRowWords],
                              bw[9 * C::kBRowWords]};
-      if (!C::kGroupPerTile) {
+      uint32_t frag[8][2];
+      if (C::kGroupPerTile) {
+        decode_tile<T>(q, tc, frag);
+      } else {
         // Rows 16 ks + 2t + {0, 1, 8, 9}: their groups (-1 past K: scale 0, weight 0).
         const int* grp = reinterpret_cast<const int*>(st + C::kGOffset) + 16 * ks + 2 * t;
         const int rows_g[4] = {grp[0], grp[1], grp[8], grp[9]};
@@ -419,6 +505,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
           s4[r][2] = rows_g[r] < 0 ? 0u : sv.z;
           s4[r][3] = rows_g[r] < 0 ? 0u : sv.w;
         }
+        pair_t zb[2][8], sc[2][8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t zp[8];
@@ -430,9 +517,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
                                    bit_cast_u32<pair_t>(s4[2 * h + 1][j % 4]), j / 4);
           }
         }
+        dequant_fragments<T>(q, zb, sc, frag);
       }
-      uint32_t frag[8][2];
-      dequant_fragments<T>(q, zb, sc, frag);
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt) {
         uint32_t a[4];
@@ -441,8 +527,24 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
         for (int j = 0; j < 8; ++j) mma::Dtype<T>::mma(a, frag[j], acc[mt][j]);
       }
     }
-    rd_stage = rd_stage == C::kStages - 1 ? 0 : rd_stage + 1;
-    wr_stage = wr_stage == C::kStages - 1 ? 0 : wr_stage + 1;
+  };
+
+  // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) fetch(s, s < num_tiles);
+
+  // Tile i sits in slot i % kStages; the loop is unrolled over the slots so that every slot
+  // offset is an immediate, and counts the tiles left down so that both tests below compare it
+  // with an immediate.
+  for (int tiles_left = num_tiles; tiles_left > 0; tiles_left -= C::kStages) {
+#pragma unroll
+    for (int u = 0; u < C::kStages; ++u) {
+      if (u >= tiles_left) break;
+      ptx::cp_async_wait_group<C::kStages - 2>();
+      __syncthreads();  // tile u visible to all; the slot fetch reuses (read at u - 1) free
+      fetch((u + C::kStages - 1) % C::kStages, u + C::kStages - 1 < tiles_left);
+      compute(u);
+    }
   }
   ptx::cp_async_wait_all();  // nothing in flight when the block exits
 
@@ -513,7 +615,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 struct AwqGemmPlan {
   int config = 0;   // 0: M <= 16, 1: M <= 32, 2: M > 32 (see the header comment)
   int tile_k = 32;  // 32, 64 or 128
-  bool group_per_tile = false;
+  int group_k = 0;  // Config::kGroupK: rows per scales/qzeros row of a stage, 0: general path
   int64_t tile_m = 0, tile_n = 0;
   int64_t m_tiles = 0, n_tiles = 0, splits = 1, tiles_per_split = 0;
   int64_t scratch_floats = 0;  // fp32 split-K scratch (0 with one split)
@@ -526,8 +628,15 @@ struct AwqGemmPlan {
 inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
                                  int64_t split_k_iters) {
   AwqGemmPlan pl;
-  pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 ? 64 : 32;
-  pl.group_per_tile = group_size % pl.tile_k == 0;
+  // The largest k-tile whose rows split into whole groups; groups of 32 take 64-row tiles with
+  // two scales/qzeros rows per stage when K allows (half the per-k-tile overhead of 32-row ones).
+  if (group_size % 32 == 0) {
+    pl.tile_k = group_size % 128 == 0                  ? 128
+                : group_size % 64 == 0                 ? 64
+                : group_size == 32 && size_k % 64 == 0 ? 64
+                                                       : 32;
+    pl.group_k = group_size == 32 ? 32 : pl.tile_k;
+  }
   pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
   pl.tile_m = pl.config == 0 ? 16 : pl.config == 1 ? 32 : 64;
   pl.tile_n = pl.config == 2 ? 128 : 256;
@@ -568,15 +677,15 @@ cudaError_t launch_config(const GemmParams& p, const AwqGemmPlan& pl, cudaStream
   return cudaGetLastError();
 }
 
-template <typename T, int kTileK, bool kGroupPerTile>
+template <typename T, int kTileK, int kGroupK>
 cudaError_t launch_tile_k(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
   switch (pl.config) {
     case 0:
-      return launch_config<T, Config<1, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<1, 1, kTileK, kGroupK>>(p, pl, stream);
     case 1:
-      return launch_config<T, Config<2, 1, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<2, 1, kTileK, kGroupK>>(p, pl, stream);
     default:
-      return launch_config<T, Config<2, 2, kTileK, kGroupPerTile>>(p, pl, stream);
+      return launch_config<T, Config<2, 2, kTileK, kGroupK>>(p, pl, stream);
   }
 }
 
@@ -595,16 +704,21 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
                             int64_t size_k, int64_t group_size, const AwqGemmPlan& plan,
                             cudaStream_t stream) {
   if (size_m == 0 || size_n == 0) return cudaSuccess;
+  // The kernel advances its copy pointers by 32-bit byte / word strides.
+  if (128 * ldq > INT32_MAX || 2 * size_n > INT32_MAX || 4 * ldz > INT32_MAX)
+    return cudaErrorInvalidValue;
   awq::GemmParams p;
   p.x = x, p.qweight = qweight, p.scales = scales, p.qzeros = qzeros, p.out = out;
   p.scratch = scratch, p.counters = counters;
   p.ldx = ldx, p.ldq = ldq, p.ldz = ldz;
   p.size_m = size_m, p.size_n = size_n, p.size_k = size_k, p.group_size = group_size;
   p.tiles_per_split = plan.tiles_per_split;
-  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, true>(p, plan, stream);
-  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, true>(p, plan, stream);
-  if (plan.group_per_tile) return awq::launch_tile_k<T, 32, true>(p, plan, stream);
-  return awq::launch_tile_k<T, 32, false>(p, plan, stream);
+  if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, 128>(p, plan, stream);
+  if (plan.tile_k == 64 && plan.group_k == 64)
+    return awq::launch_tile_k<T, 64, 64>(p, plan, stream);
+  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, 32>(p, plan, stream);
+  if (plan.group_k == 32) return awq::launch_tile_k<T, 32, 32>(p, plan, stream);
+  return awq::launch_tile_k<T, 32, 0>(p, plan, stream);
 }
 
 }  // namespace w4k
