@@ -93,4 +93,29 @@ cudaError_t launch_w4a16_typed(const W4a16LaunchTensors& t,
       t.counters, stream);
 }
 
+// The two calls of a binding for a's dtype (fp16 or bf16), shared by the CUDA and SIMT bindings.
+inline W4a16LaunchTensors w4a16_prepare_for_dtype(
+    const at::Tensor& a, const at::Tensor& b_q_weight, const at::Tensor& b_scales,
+    const std::optional<at::Tensor>& g_idx, const std::optional<at::Tensor>& perm,
+    at::Tensor& workspace, const W4a16GemmArgs& args, int64_t size_m, int64_t size_n,
+    int64_t size_k, int num_sms) {
+  return a.scalar_type() == at::kHalf
+             ? w4a16_prepare<half>(a, b_q_weight, b_scales, g_idx, perm, workspace, args, size_m,
+                                   size_n, size_k, num_sms)
+             : w4a16_prepare<__nv_bfloat16>(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
+                                            size_m, size_n, size_k, num_sms);
+}
+
+inline cudaError_t launch_w4a16_for_dtype(const at::Tensor& a, const W4a16LaunchTensors& t,
+                                          const std::optional<at::Tensor>& b_zeros,
+                                          const std::optional<at::Tensor>& b_bias,
+                                          const W4a16GemmArgs& args, int64_t size_m,
+                                          int64_t size_n, int64_t size_k, cudaStream_t stream) {
+  return a.scalar_type() == at::kHalf
+             ? launch_w4a16_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n,
+                                                  size_k, stream)
+             : launch_w4a16_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
+                                                              size_n, size_k, stream);
+}
+
 }  // namespace w4k

@@ -31,19 +31,12 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CUDA);
   const c10::cuda::CUDAGuard device_guard(a.device());
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const W4a16LaunchTensors t =
-      a.scalar_type() == at::kHalf
-          ? w4a16_prepare<half>(a, b_q_weight, b_scales, g_idx, perm, workspace, args, size_m,
-                                size_n, size_k, num_sms)
-          : w4a16_prepare<__nv_bfloat16>(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
-                                         size_m, size_n, size_k, num_sms);
+  const W4a16LaunchTensors t = w4a16_prepare_for_dtype(a, b_q_weight, b_scales, g_idx, perm,
+                                                        workspace, args, size_m, size_n, size_k,
+                                                        num_sms);
   if (size_m == 0) return t.out;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err =
-      a.scalar_type() == at::kHalf
-          ? launch_w4a16_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k, stream)
-          : launch_w4a16_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m, size_n,
-                                                      size_k, stream);
+  const cudaError_t err = launch_w4a16_for_dtype(a, t, b_zeros, b_bias, args, size_m, size_n,
+                                                 size_k, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess,
               "w4a16_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
   return t.out;

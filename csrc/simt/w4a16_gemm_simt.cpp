@@ -29,21 +29,13 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
   // The plan sees the emulated device: W4K_SIMT_SMS SMs (8) with sm_80 occupancy limits.
   int num_sms = 0;
   cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0);
-  const W4a16LaunchTensors t =
-      a.scalar_type() == at::kHalf
-          ? w4a16_prepare<half>(a, b_q_weight, b_scales, g_idx, perm, workspace, args, size_m,
-                                size_n, size_k, num_sms)
-          : w4a16_prepare<__nv_bfloat16>(a, b_q_weight, b_scales, g_idx, perm, workspace, args,
-                                         size_m, size_n, size_k, num_sms);
+  const W4a16LaunchTensors t = w4a16_prepare_for_dtype(a, b_q_weight, b_scales, g_idx, perm,
+                                                        workspace, args, size_m, size_n, size_k,
+                                                        num_sms);
   if (size_m == 0) return t.out;
   simt_binding::run_simt("w4a16_gemm", [&] {
-    if (a.scalar_type() == at::kHalf) {
-      return launch_w4a16_typed<half, at::Half>(t, b_zeros, b_bias, args, size_m, size_n, size_k,
-                                                    simt_binding::kNoStream);
-    }
-    return launch_w4a16_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
-                                                            size_n, size_k,
-                                                            simt_binding::kNoStream);
+    return launch_w4a16_for_dtype(a, t, b_zeros, b_bias, args, size_m, size_n, size_k,
+                                  simt_binding::kNoStream);
   });
   return t.out;
 }
