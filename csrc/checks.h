@@ -54,6 +54,15 @@ inline void check_multiple(const char* op, const char* name, int64_t value, int6
               ", got ", value);
 }
 
+// Dimensions are bounded so that every byte count derived from them (packed sizes, K * N / 2,
+// 2 * N words) stays far inside int64 instead of wrapping around into a size some later check
+// would accept; no tensor that large fits in memory anyway.
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+inline void check_dim_bound(const char* op, const char* name, int64_t value,
+                            int64_t bound = kMaxDim) {
+  TORCH_CHECK(value <= bound, op, ": ", name, " must be <= ", bound, ", got ", value);
+}
+
 inline void check_positive(const char* op, const char* name, int64_t value) {
   TORCH_CHECK(value > 0, op, ": ", name, " must be positive, got ", value);
 }

@@ -29,6 +29,8 @@ inline void check_marlin_sizes(const char* op, int64_t size_k, int64_t size_n,
   check_num_bits(op, num_bits);
   check_positive(op, "size_k", size_k);
   check_positive(op, "size_n", size_n);
+  check_dim_bound(op, "size_k", size_k);
+  check_dim_bound(op, "size_n", size_n);
   check_multiple(op, "size_k", size_k, 16);  // one Marlin tile is 16 rows of K
   check_multiple(op, "size_n", size_n, 64);  // one Marlin chunk is 64 columns of N
 }

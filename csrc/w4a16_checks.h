@@ -47,6 +47,7 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   W4a16GemmArgs args{};
   check_marlin_sizes(op, size_k, size_n, num_bits);
   TORCH_CHECK(size_m >= 0, op, ": size_m must be non-negative, got ", size_m);
+  check_dim_bound(op, "size_m", size_m);
 
   check_device(op, "a", a, device);
   check_half_dtype(op, "a", a);

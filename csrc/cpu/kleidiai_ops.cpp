@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <cfloat>
+#include <cmath>
 #include <string>
 
 #include "checks.h"
@@ -22,6 +23,7 @@ using kai::Isa;
 void check_nr_kr_sr(const char* op, int64_t nr, int64_t kr, int64_t sr) {
   TORCH_CHECK(nr >= 1 && nr <= 256, op, ": nr must be in [1, 256], got ", nr);
   TORCH_CHECK(kr >= 1 && sr >= 1, op, ": kr and sr must be positive, got kr=", kr, ", sr=", sr);
+  TORCH_CHECK(kr <= 256, op, ": kr must be <= 256 (a micro-kernel's k step), got ", kr);
   TORCH_CHECK(kr % sr == 0, op, ": kr must be a multiple of sr (KleidiAI asserts kr % sr == 0), got kr=",
               kr, ", sr=", sr);
   TORCH_CHECK(16 % (kr / sr) == 0, op, ": kr / sr (bytes per segment) must divide 16, got kr=", kr,
@@ -38,6 +40,17 @@ void check_block(const char* op, int64_t k, int64_t nr, int64_t kr, int64_t bl) 
 void check_sizes(const char* op, int64_t n, int64_t k) {
   check_positive(op, "n", n);
   check_positive(op, "k", k);
+  check_dim_bound(op, "n", n);
+  check_dim_bound(op, "k", k);
+}
+
+// mr (LHS rows interleaved per block) is a micro-kernel tile height: KleidiAI's kernels use 1..16.
+constexpr int64_t kMaxMr = 256;
+void check_m_mr(const char* op, int64_t m, int64_t mr) {
+  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
+  check_dim_bound(op, "m", m);
+  check_positive(op, "mr", mr);
+  check_dim_bound(op, "mr", mr, kMaxMr);
 }
 
 void check_input(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
@@ -68,9 +81,9 @@ int64_t rhs_packed_size_qsi4c32p(int64_t n, int64_t k, int64_t bl, int64_t nr, i
 
 int64_t lhs_packed_size_qai8dxp(int64_t m, int64_t k, int64_t mr, int64_t kr, int64_t sr) {
   const char* op = "lhs_packed_size_qai8dxp";
-  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
+  check_m_mr(op, m, mr);
   check_positive(op, "k", k);
-  check_positive(op, "mr", mr);
+  check_dim_bound(op, "k", k);
   check_nr_kr_sr(op, 1, kr, sr);
   return kai::lhs_packed_size_qai8dxp(m, k, mr);
 }
@@ -154,6 +167,7 @@ at::Tensor lhs_quant_pack_qai8dxp_f32(const at::Tensor& lhs, int64_t mr, int64_t
   check_dim(op, "lhs", lhs, 2);
   check_positive(op, "k (lhs.size(1))", lhs.size(1));
   check_positive(op, "mr", mr);
+  check_dim_bound(op, "mr", mr, kMaxMr);
   check_nr_kr_sr(op, 1, kr, sr);
   TORCH_CHECK(lhs.stride(1) == 1, op, ": lhs must have unit stride along K, got strides ",
               lhs.strides());
@@ -202,13 +216,16 @@ at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::T
                        int64_t kr, int64_t sr, std::optional<double> clamp_min,
                        std::optional<double> clamp_max, std::optional<at::ScalarType> out_dtype,
                        c10::string_view isa) {
-  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
+  check_m_mr(op, m, mr);
   check_sizes(op, n, k);
   // int32 accumulation, as KleidiAI's: |16 * dot| <= 16 * 128 * 8 * K_i must stay below 2^31.
   TORCH_CHECK(k <= 131072, op, ": k must be <= 131072 (int32 accumulators), got ", k);
-  check_positive(op, "mr", mr);
   check_nr_kr_sr(op, nr, kr, sr);
   if (bl > 0) check_block(op, k, nr, kr, bl);
+  // NaN bounds: IEEE min/max would drop them, the kernels' compare-and-select would not, and no
+  // caller means "clamp to NaN": rejected, as the reference does.
+  TORCH_CHECK(!(clamp_min && std::isnan(*clamp_min)), op, ": clamp_min must not be NaN");
+  TORCH_CHECK(!(clamp_max && std::isnan(*clamp_max)), op, ": clamp_max must not be NaN");
   const at::ScalarType dt = out_dtype.value_or(at::kFloat);
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, op,
               ": out_dtype must be float32 or bfloat16, got ", dt);

@@ -29,6 +29,8 @@ Packings of ``q`` (where element (k, n) ends up), in CuTe-like (shape : stride) 
 
 from typing import Optional
 
+import math
+
 import torch
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]
@@ -560,6 +562,9 @@ def kai_unpack_rhs(rhs_packed, n, k, nr=8, kr=16, sr=2, bl=0):
 def _kai_matmul(lhs_packed, rhs_packed, m, n, k, mr, nr, kr, sr, bl, clamp_min, clamp_max):
     q, off, lhs_scale = kai_unpack_lhs_qai8dxp(lhs_packed, m, k, mr, kr, sr)
     rhs = kai_unpack_rhs(rhs_packed, n, k, nr, kr, sr, bl)
+    for name, bound in (("clamp_min", clamp_min), ("clamp_max", clamp_max)):
+        if bound is not None and math.isnan(bound):
+            raise ValueError(f"{name} must not be NaN")  # as the ops: no "clamp to NaN"
     lo = -3.4028234663852886e38 if clamp_min is None else clamp_min
     hi = 3.4028234663852886e38 if clamp_max is None else clamp_max
     if bl == 0:
