@@ -11,8 +11,10 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
+import torch
 
 import w4kernels
 from w4kernels import __main__ as cli
@@ -126,16 +128,32 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     wheels = list(dist.glob("w4kernels-*.whl"))
     assert len(wheels) == 1, os.listdir(dist)
 
-    # torch (and numpy) come from this interpreter's site-packages: nothing is downloaded
-    # (--no-index), and the wheel's "torch==<major>.<minor>.*" requirement must be met by them.
+    # A fresh venv whose only other packages are those of the environment running this test,
+    # reached through a .pth file (what `--system-site-packages` does for the base Python's
+    # site-packages; inside a venv that would be the wrong torch). Their .pth files are not
+    # processed, so this tree's editable registration stays out. torch and numpy are
+    # therefore the ones the wheel was built with and nothing is downloaded (--no-index).
+    # --no-deps: pip would otherwise re-resolve torch's own requirements against that
+    # environment, whose state (an old setuptools in a venv) is not what this test checks;
+    # the wheel's torch requirement is checked against the running torch below instead.
     venv_dir = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv_dir)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], check=True)
     python = str(venv_dir / "bin" / "python")
-    r = subprocess.run([python, "-m", "pip", "install", "--no-index",
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    outer = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    with open(os.path.join(purelib, "outer-site-packages.pth"), "w") as f:
+        f.write("".join(p + "\n" for p in outer))
+    r = subprocess.run([python, "-m", "pip", "install", "--no-index", "--no-deps",
                         "--disable-pip-version-check", str(wheels[0])],
                        capture_output=True, text=True, env=_clean_env())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    with zipfile.ZipFile(wheels[0]) as whl:
+        metadata = whl.read(next(n for n in whl.namelist()
+                                 if n.endswith(".dist-info/METADATA"))).decode()
+    major, minor = torch.__version__.split(".")[:2]
+    assert f"Requires-Dist: torch=={major}.{minor}.*" in metadata.splitlines()
 
     # Run outside the source tree, so only the installed wheel can be imported.
     r = subprocess.run([python, "-c", SMOKE], capture_output=True, text=True, cwd=tmp_path,

@@ -142,7 +142,7 @@ def _kleidiai_rows(table, x, w, float_ref, repeats):
 # Activation dtypes, as every command line of this project spells them (the demo, benchmarks/);
 # torch's names are accepted too.
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+DTYPE_ALIASES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 class _Parser(argparse.ArgumentParser):
