@@ -41,7 +41,7 @@ pip_install --quiet -r <(grep -vE '^torch([^A-Za-z0-9_.-]|$)' requirements.txt)
 
 mkdir -p build
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-echo "install.sh: compiling (about 5 min on 2 cores with the CUDA kernels, 1-2 min without; a" \
+echo "install.sh: compiling (4-7 min on 2 cores with the CUDA kernels, about 1 min without; a" \
      "rerun compiles only what changed); full log: build/w4kernels-build.log"
 # The whole output goes to the log; ninja's "[i/n elapsed] <command>" lines, one per finished
 # translation unit, reach the terminal shortened to "[i/n elapsed] <source file>".
