@@ -18,21 +18,58 @@ Environment:
 * ``MAX_JOBS`` is honoured by ninja through torch's build extension.
 * ``W4K_NO_EXT=1`` builds nothing (scripts/install.sh compiles in place first, then registers
   the package with an editable pip install).
+
+torch is imported from the environment that runs this script, never from an isolated build
+environment: a C++ extension only loads into the torch it was compiled against, so the build
+must see the torch the user will run with (``pip install --no-build-isolation .``).
 """
 
 import glob
 import os
+import re
+import subprocess
+import sys
 
 from setuptools import find_packages, setup
 
-import torch
-from torch.utils import cpp_extension
+# Oldest torch the build supports (scripts/install.sh reads this line). 2.11 is the torch of
+# this project's GPU machines; the extension was built against 2.11.0+cu130 and 2.14.1+cu130.
+TORCH_MIN = "2.11"
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    # pip's default isolated build environment holds only setuptools and wheel. Downloading
+    # torch into it would build against a torch other than the user's (the extension would then
+    # fail to load), so stop here with the fix instead of a ModuleNotFoundError traceback.
+    sys.exit(f"w4kernels: torch is not importable here, and the extension must be compiled "
+             f"against the torch it will run with: install torch >= {TORCH_MIN} first, then "
+             f"`pip install --no-build-isolation .` (plain `pip install .` builds in an "
+             f"isolated environment without torch)")
+
+TORCH_VERSION = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+if TORCH_VERSION < tuple(int(x) for x in TORCH_MIN.split(".")):
+    sys.exit(f"w4kernels: torch {torch.__version__} is older than {TORCH_MIN}, the oldest "
+             f"torch this build supports; upgrade torch (scripts/install.sh: "
+             f"W4K_TORCH=<version> bash scripts/install.sh)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def _rel(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _nvcc_major():
+    """Major version of CUDA_HOME's nvcc, None when it cannot be run."""
+    try:
+        out = subprocess.run([os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"), "--version"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"release (\d+)\.", out)
+    return int(m.group(1)) if m else None
 
 
 def _want_cuda():
@@ -47,7 +84,19 @@ def _want_cuda():
                 f"W4K_CUDA=1 but torch.version.cuda={torch.version.cuda!r} and "
                 f"CUDA_HOME={cpp_extension.CUDA_HOME!r}: both are needed for the CUDA build")
         return True
-    return have_toolkit and have_torch_cuda
+    if not (have_toolkit and have_torch_cuda):
+        return False
+    # torch refuses to compile with an nvcc of another CUDA major version than its own. A user
+    # keeps the torch they have (scripts/install.sh), which may be a cu12x build next to a
+    # CUDA 13 toolkit: build the CPU kernels then, and say why, rather than fail.
+    nvcc_major = _nvcc_major()
+    torch_major = int(torch.version.cuda.split(".")[0])
+    if nvcc_major is not None and nvcc_major != torch_major:
+        print(f"w4kernels: torch {torch.__version__} is built with CUDA {torch.version.cuda} but "
+              f"{cpp_extension.CUDA_HOME} has CUDA {nvcc_major}: building without the CUDA "
+              f"kernels (a matching toolkit, or W4K_CUDA=1 to see torch's error)", flush=True)
+        return False
+    return True
 
 
 WITH_CUDA = _want_cuda()
@@ -55,6 +104,10 @@ WITH_SIMT = os.environ.get("W4K_SIMT", "1") != "0"
 
 if WITH_CUDA and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
     os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+
+# ninja prints one line per finished translation unit, "[i/n] <command>" ("pip install -v" and
+# scripts/install.sh show them); the elapsed seconds tell how far a 5-minute build has got.
+os.environ.setdefault("NINJA_STATUS", "[%f/%t %es] ")
 
 # -std=c++20 pinned here rather than left to torch: cpp_extension adds its own default only
 # when no -std is given, and that default moved from c++17 to c++20 in torch 2.12/2.13 (newer
@@ -120,4 +173,8 @@ setup(
     package_dir={"": "python"},
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension},
+    # The compiled modules load only into the torch release they were built against (torch's
+    # C++ ABI changes between minor releases), so an installed build or wheel requires that
+    # release: pip then refuses, or replaces, a torch the extension could not load into.
+    install_requires=[f"torch=={TORCH_VERSION[0]}.{TORCH_VERSION[1]}.*", "numpy"],
 )

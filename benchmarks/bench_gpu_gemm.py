@@ -234,7 +234,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, nargs="+", help="values of M (default: 1 .. 4096)")
     parser.add_argument("--dtype", choices=["fp16", "bf16", "both"], default=None,
-                        help="activation dtype (default: both; fp16 with --quick)")
+                        type=lambda s: {"float16": "fp16", "bfloat16": "bf16"}.get(s, s),
+                        help="activation dtype (default: both; fp16 with --quick; torch's "
+                             "float16 / bfloat16 accepted)")
     parser.add_argument("--act-order", action="store_true", help="GPTQ act-order for w4a16")
     parser.add_argument("--zero-points", action="store_true",
                         help="random zero points (w4a16 takes its AWQ-style zero-point path)")

@@ -10,9 +10,19 @@ is available, and registers the fake (meta) implementations used by ``torch.comp
   (``from w4kernels import vllm as ops`` in place of ``from vllm import _custom_ops as ops``).
 """
 
+import importlib.util
+
 import torch
 
-from . import _C  # noqa: F401  (registers torch.ops.w4kernels.*)
+if importlib.util.find_spec(f"{__name__}._C") is None:
+    # Without this check a source checkout that was never compiled fails with "cannot import
+    # name '_C' from partially initialized module ... (most likely due to a circular import)".
+    raise ImportError(
+        f"w4kernels is not built: {__path__[0]} has no compiled w4kernels._C. Build it with "
+        f"`bash scripts/install.sh` (from the source tree), or "
+        f"`pip install --no-build-isolation -e .` with torch installed")
+
+from . import _C  # noqa: E402,F401  (registers torch.ops.w4kernels.*)
 
 try:  # the SIMT emulator build of the CUDA kernels (torch.ops.w4kernels_simt.*)
     from . import _simt  # noqa: F401

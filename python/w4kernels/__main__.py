@@ -55,7 +55,7 @@ class Table:
 
 def demo(args):
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     size_k, size_n, size_m = args.k, args.n, args.m
     print(f"w4kernels demo: Linear({size_k} -> {size_n}), M = {size_m} tokens, {dtype}, "
           f"device = {device}")
@@ -139,16 +139,45 @@ def _kleidiai_rows(table, x, w, float_ref, repeats):
                   float_ref, _median_ms(run, repeats))
 
 
+# Activation dtypes, as every command line of this project spells them (the demo, benchmarks/);
+# torch's names are accepted too.
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_ALIASES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line (no usage block): they are the whole message."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def _check_demo_args(parser, args):
+    """Shapes the demo's formats can hold, checked before any work (not a traceback later)."""
+    if args.m < 1:
+        parser.error(f"--m {args.m}: the number of tokens must be at least 1")
+    if args.k < 128 or args.k % 128:
+        parser.error(f"--k {args.k}: in_features must be a positive multiple of 128 (the demo "
+                     f"quantizes in groups of 128 along K)")
+    if args.n < 64 or args.n % 64:
+        parser.error(f"--n {args.n}: out_features must be a positive multiple of 64 (Marlin "
+                     f"tiles N by 64)")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: must be at least 1")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m w4kernels")
+    parser = _Parser(prog="python -m w4kernels")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="quantize an LLM-sized Linear layer and run every operator")
     d.add_argument("--m", type=int, default=16, help="tokens (activation rows)")
-    d.add_argument("--k", type=int, default=4096, help="in_features")
-    d.add_argument("--n", type=int, default=11008, help="out_features")
-    d.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    d.add_argument("--k", type=int, default=4096, help="in_features (a multiple of 128)")
+    d.add_argument("--n", type=int, default=11008, help="out_features (a multiple of 64)")
+    d.add_argument("--dtype", type=lambda s: DTYPE_ALIASES.get(s, s), choices=list(DTYPES),
+                   default="bf16", help="activation dtype (float16 / bfloat16 accepted)")
     d.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    _check_demo_args(d, args)
     return demo(args)
 
 
