@@ -18,26 +18,26 @@ inline void define_ops(torch::Library& m) {
   // GPTQ-packed int32 [K/8, N] (optional act-order perm int32 [K]; None or empty = no
   // act-order) -> Marlin layout int32 [K/16, 2N]. Byte-identical to vLLM gptq_marlin_repack.
   m.def("marlin_repack(Tensor b_q_weight, Tensor? perm, SymInt size_k, SymInt size_n, "
-        "int num_bits) -> Tensor");
+        "int num_bits=4) -> Tensor");
   // AWQ-packed int32 [K, N/8] -> Marlin layout int32 [K/16, 2N]. Byte-identical to vLLM
   // awq_marlin_repack.
-  m.def("awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits) "
+  m.def("awq_marlin_repack(Tensor b_q_weight, SymInt size_k, SymInt size_n, int num_bits=4) "
         "-> Tensor");
   // fp16/bf16 activations [M, K] x Marlin int4 weight -> [M, N]; vLLM gptq_marlin_gemm
   // semantics. workspace holds the GPU kernel's split-K arrival counters (zero on entry and exit).
   m.def("w4a16_gemm(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? b_zeros, "
         "Tensor? g_idx, Tensor? perm, Tensor(a!) workspace, int num_bits, SymInt size_m, "
-        "SymInt size_n, SymInt size_k, bool is_k_full, Tensor? b_bias=None, "
+        "SymInt size_n, SymInt size_k, bool is_k_full=True, Tensor? b_bias=None, "
         "bool use_fp32_reduce=True) -> Tensor");
 
   // ---- AWQ ------------------------------------------------------------------------------
   // vLLM awq_dequantize: (q - z) * s as [K, N] in the scales' dtype. split_k_iters, thx and
   // thy are accepted for signature compatibility (0 = choose automatically).
-  m.def("awq_dequantize(Tensor qweight, Tensor scales, Tensor qzeros, SymInt split_k_iters, "
-        "int thx, int thy) -> Tensor");
+  m.def("awq_dequantize(Tensor qweight, Tensor scales, Tensor qzeros, SymInt split_k_iters=0, "
+        "int thx=0, int thy=0) -> Tensor");
   // vLLM awq_gemm: x [M, K] @ dequantized weight [K, N] -> [M, N] in x's dtype.
   m.def("awq_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor qzeros, "
-        "SymInt split_k_iters) -> Tensor");
+        "SymInt split_k_iters=8) -> Tensor");
 
   // ---- KleidiAI -------------------------------------------------------------------------
   // Names follow KleidiAI's (layouts in csrc/kleidiai.h and w4kernels.reference). RHS packers:

@@ -552,14 +552,16 @@ def test_signature_is_vllms(name):
 @pytest.mark.parametrize("name", ["marlin_repack", "awq_marlin_repack", "w4a16_gemm",
                                   "awq_dequantize", "awq_gemm"])
 def test_ops_wrapper_follows_the_schema(name):
-    """w4kernels.ops wrappers: the schema's argument names in the schema's order, and its
-    defaults where it has them (a wrapper may add defaults to trailing arguments only)."""
+    """w4kernels.ops wrappers: the schema's argument names in the schema's order, and exactly
+    its defaults."""
     schema = getattr(torch.ops.w4kernels, name).default._schema
     params = list(inspect.signature(getattr(ops, name)).parameters.values())
     assert [p.name for p in params] == [a.name for a in schema.arguments]
     for p, a in zip(params, schema.arguments):
         if a.has_default_value():
             assert p.default == a.default_value, p.name
+        else:
+            assert p.default is inspect.Parameter.empty, f"{p.name}: the schema has no default"
 
 
 def test_ops_w4a16_gemm_positional_in_schema_order(small):

@@ -102,7 +102,7 @@ def marlin_repack(b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k
 
 
 @_register_fake("marlin_repack")
-def _marlin_repack_fake(b_q_weight, perm, size_k, size_n, num_bits):
+def _marlin_repack_fake(b_q_weight, perm, size_k, size_n, num_bits=4):
     _check_same_device("marlin_repack", b_q_weight=b_q_weight, perm=perm)
     return b_q_weight.new_empty((size_k // 16, size_n * 16 // 8))
 
@@ -124,7 +124,7 @@ def awq_marlin_repack(b_q_weight: torch.Tensor, size_k: int, size_n: int,
 
 
 @_register_fake("awq_marlin_repack")
-def _awq_marlin_repack_fake(b_q_weight, size_k, size_n, num_bits):
+def _awq_marlin_repack_fake(b_q_weight, size_k, size_n, num_bits=4):
     return b_q_weight.new_empty((size_k // 16, size_n * 16 // 8))
 
 
@@ -204,7 +204,7 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
 
 @_register_fake("w4a16_gemm")
 def _w4a16_gemm_fake(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits, size_m,
-                     size_n, size_k, is_k_full, b_bias=None, use_fp32_reduce=True):
+                     size_n, size_k, is_k_full=True, b_bias=None, use_fp32_reduce=True):
     _check_same_device("w4a16_gemm", a=a, b_q_weight=b_q_weight, b_scales=b_scales,
                        b_zeros=b_zeros, g_idx=g_idx, perm=perm, workspace=workspace,
                        b_bias=b_bias)
@@ -238,7 +238,7 @@ def awq_dequantize(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Te
 
 
 @_register_fake("awq_dequantize")
-def _awq_dequantize_fake(qweight, scales, qzeros, split_k_iters, thx, thy):
+def _awq_dequantize_fake(qweight, scales, qzeros, split_k_iters=0, thx=0, thy=0):
     _check_same_device("awq_dequantize", qweight=qweight, scales=scales, qzeros=qzeros)
     return scales.new_empty((qweight.shape[0], qweight.shape[1] * 8))
 
@@ -268,7 +268,7 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
 
 
 @_register_fake("awq_gemm")
-def _awq_gemm_fake(x, qweight, scales, qzeros, split_k_iters):
+def _awq_gemm_fake(x, qweight, scales, qzeros, split_k_iters=8):
     _check_same_device("awq_gemm", x=x, qweight=qweight, scales=scales, qzeros=qzeros)
     return x.new_empty((x.shape[0], qweight.shape[1] * 8))
 
