@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "checks.h"
 
@@ -21,6 +22,31 @@ inline void check_index_range(const char* op, const char* name, const at::Tensor
   for (int64_t i = 0; i < idx.numel(); ++i) {
     TORCH_CHECK(p[i] >= 0 && p[i] < bound, op, ": ", name, " values must lie in [0, ", bound,
                 "), got ", name, "[", i, "] = ", p[i]);
+  }
+}
+
+// perm is a permutation of [0, K): in range (check_index_range first) and no value twice. A
+// repeated index would silently drop an activation column (e.g. an all-zero perm). Host only.
+inline void check_permutation(const char* op, const char* name, const at::Tensor& perm) {
+  if (perm.device().type() != c10::DeviceType::CPU) return;
+  const int32_t* p = perm.data_ptr<int32_t>();
+  std::vector<int64_t> first(perm.numel(), -1);  // where each value was first seen
+  for (int64_t i = 0; i < perm.numel(); ++i) {
+    TORCH_CHECK(first[p[i]] < 0, op, ": ", name, " must be a permutation of [0, ", perm.numel(),
+                "), got ", name, "[", first[p[i]], "] = ", name, "[", i, "] = ", p[i]);
+    first[p[i]] = i;
+  }
+}
+
+// g_idx in the Marlin row order is sorted (vLLM's marlin_sort_g_idx): the checkpoint's
+// unsorted g_idx passed as is gives wrong groups for every row. Host only.
+inline void check_sorted(const char* op, const char* name, const at::Tensor& idx) {
+  if (idx.device().type() != c10::DeviceType::CPU) return;
+  const int32_t* p = idx.data_ptr<int32_t>();
+  for (int64_t i = 1; i < idx.numel(); ++i) {
+    TORCH_CHECK(p[i - 1] <= p[i], op, ": ", name, " must be sorted (the checkpoint's g_idx "
+                "indexed by perm, as vLLM's marlin_sort_g_idx returns), got ", name, "[", i - 1,
+                "] = ", p[i - 1], " > ", name, "[", i, "] = ", p[i]);
   }
 }
 
@@ -51,6 +77,7 @@ inline void check_marlin_repack_args(const at::Tensor& b_q_weight,
     check_shape(op, "perm", *perm, {size_k});
     check_contiguous(op, "perm", *perm);
     check_index_range(op, "perm", *perm, size_k);
+    check_permutation(op, "perm", *perm);
   }
 }
 

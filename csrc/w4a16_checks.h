@@ -93,7 +93,9 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
                   "number of groups (b_scales.size(0) = ", args.num_groups,
                   ") must divide size_k = ", size_k);
     check_index_range(op, "perm", *perm, size_k);
+    check_permutation(op, "perm", *perm);
     check_index_range(op, "g_idx", *g_idx, args.num_groups);
+    check_sorted(op, "g_idx", *g_idx);
     args.group_size = 0;
   } else {
     TORCH_CHECK(size_k % args.num_groups == 0, op, ": the number of groups (b_scales.size(0) = ",

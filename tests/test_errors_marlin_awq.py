@@ -43,6 +43,8 @@ REPACK_CASES = [
      r"perm values must lie in \[0, 128\), got perm\[0\] = 128"),
     ("perm negative", (_words(16, 64), torch.full((128,), -1, dtype=I32), 128, 64, 4),
      r"perm values must lie in \[0, 128\), got perm\[0\] = -1"),
+    ("perm not a permutation", (_words(16, 64), torch.zeros(128, dtype=I32), 128, 64, 4),
+     r"perm must be a permutation of \[0, 128\), got perm\[0\] = perm\[1\] = 0"),
 ]
 
 

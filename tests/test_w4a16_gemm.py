@@ -518,6 +518,11 @@ BAD_INPUTS = {
                      r"g_idx must have shape \[128\], got \[127\]"),
     "perm_range": (lambda c: c["perm"].__setitem__(3, 128),
                    r"perm values must lie in \[0, 128\), got perm\[3\] = 128"),
+    "perm_not_a_permutation": (lambda c: c["perm"].copy_(torch.zeros(128, dtype=torch.int32)),
+                               r"perm must be a permutation of \[0, 128\), got perm\[0\] = "
+                               r"perm\[1\] = 0"),
+    "g_idx_unsorted": (lambda c: c["g_idx"].__setitem__(0, 3),
+                       r"g_idx must be sorted .* got g_idx\[0\] = 3 > g_idx\[1\] = 0"),
     "g_idx_range": (lambda c: c["g_idx"].__setitem__(-1, 4),
                     r"g_idx values must lie in \[0, 4\), got g_idx\[127\] = 4"),
     "g_idx_without_perm": (lambda c: c.update(perm=None),
