@@ -140,6 +140,15 @@ def _reject(op: str, name: str, value, why: str) -> None:
     raise NotImplementedError(f"{op}: {name} = {value} is not supported ({why})")
 
 
+def _require_4bit_16bit_activations(op: str, num_bits: int, is_a_8bit: bool) -> None:
+    """The Marlin-layout helpers exist for 4-bit weights with fp16/bf16 activations only."""
+    if num_bits != 4:
+        _reject(op, "num_bits", num_bits, "only 4-bit weights")
+    if is_a_8bit:
+        _reject(op, "is_a_8bit", is_a_8bit,
+                "the 8-bit-activation Marlin layout is not implemented")
+
+
 def _describe(t: Optional[torch.Tensor]) -> str:
     if t is None:
         return "None"
@@ -164,22 +173,14 @@ def gptq_marlin_repack(b_q_weight: torch.Tensor, perm: torch.Tensor, size_k: int
                        num_bits: int, is_a_8bit: bool = False) -> torch.Tensor:
     """GPTQ int32 ``[K/8, N]`` (act-order: Marlin row r = GPTQ row ``perm[r]``; an empty
     ``perm`` means none) -> Marlin int32 ``[K/16, 2N]``, byte-identical to vLLM's."""
-    if num_bits != 4:
-        _reject("gptq_marlin_repack", "num_bits", num_bits, "only 4-bit weights")
-    if is_a_8bit:
-        _reject("gptq_marlin_repack", "is_a_8bit", is_a_8bit,
-                "the 8-bit-activation Marlin layout is not implemented")
+    _require_4bit_16bit_activations("gptq_marlin_repack", num_bits, is_a_8bit)
     return _OPS.marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
 
 
 def awq_marlin_repack(b_q_weight: torch.Tensor, size_k: int, size_n: int, num_bits: int,
                       is_a_8bit: bool = False) -> torch.Tensor:
     """AutoAWQ int32 ``[K, N/8]`` -> Marlin int32 ``[K/16, 2N]``, byte-identical to vLLM's."""
-    if num_bits != 4:
-        _reject("awq_marlin_repack", "num_bits", num_bits, "only 4-bit weights")
-    if is_a_8bit:
-        _reject("awq_marlin_repack", "is_a_8bit", is_a_8bit,
-                "the 8-bit-activation Marlin layout is not implemented")
+    _require_4bit_16bit_activations("awq_marlin_repack", num_bits, is_a_8bit)
     return _OPS.awq_marlin_repack(b_q_weight, size_k, size_n, num_bits)
 
 
@@ -341,11 +342,7 @@ def marlin_zero_points(zp: torch.Tensor, size_k: int, size_n: int, num_bits: int
                        is_a_8bit: bool = False) -> torch.Tensor:
     """Zero points ``[G, N]`` (0..15) -> Marlin int32 ``[G, N/8]``; ``size_k`` is G, as in
     vLLM's callers."""
-    if num_bits != 4:
-        _reject("marlin_zero_points", "num_bits", num_bits, "only 4-bit weights")
-    if is_a_8bit:
-        _reject("marlin_zero_points", "is_a_8bit", is_a_8bit,
-                "the 8-bit-activation Marlin layout is not implemented")
+    _require_4bit_16bit_activations("marlin_zero_points", num_bits, is_a_8bit)
     return reference.marlin_zero_points(zp, size_k, size_n, num_bits)
 
 
@@ -353,11 +350,7 @@ def awq_to_marlin_zero_points(q_zp_packed: torch.Tensor, size_k: int, size_n: in
                               num_bits: int, is_a_8bit: bool = False) -> torch.Tensor:
     """AutoAWQ ``qzeros`` int32 ``[G, N/8]`` -> Marlin zero points ``[G, N/8]`` (``size_k``
     is G)."""
-    if num_bits != 4:
-        _reject("awq_to_marlin_zero_points", "num_bits", num_bits, "only 4-bit weights")
-    if is_a_8bit:
-        _reject("awq_to_marlin_zero_points", "is_a_8bit", is_a_8bit,
-                "the 8-bit-activation Marlin layout is not implemented")
+    _require_4bit_16bit_activations("awq_to_marlin_zero_points", num_bits, is_a_8bit)
     return reference.awq_to_marlin_zero_points(q_zp_packed, size_k, size_n, num_bits)
 
 
