@@ -27,6 +27,9 @@ inline void check_awq_weight_args(const char* op, const at::Tensor& qweight,
   TORCH_CHECK(groups > 0 && size_k % groups == 0, op,
               ": scales.size(0) (the number of groups) must divide K = qweight.size(0) = ", size_k,
               ", got ", groups);
+  // One group count for both: when they disagree, name both shapes instead of blaming qzeros.
+  TORCH_CHECK(qzeros.size(0) == groups, op, ": scales and qzeros must have the same number of ",
+              "groups (size(0)), got scales ", scales.sizes(), " and qzeros ", qzeros.sizes());
   check_shape(op, "qzeros", qzeros, {groups, size_n / 8});
   check_contiguous(op, "qweight", qweight);
   check_contiguous(op, "scales", scales);

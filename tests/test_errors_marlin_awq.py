@@ -104,8 +104,14 @@ AWQ_CASES = [
      r"scales must have N = 8 \* qweight.size\(1\) = 64 columns, got shape \[2, 32\]"),
     ("groups divide K", lambda q, s, z: (q, torch.ones(3, 64, dtype=H), _words(3, 8)),
      r"scales.size\(0\) \(the number of groups\) must divide K = qweight.size\(0\) = 64, got 3"),
-    ("qzeros shape", lambda q, s, z: (q, s, _words(1, 8)),
-     r"qzeros must have shape \[2, 8\], got \[1, 8\]"),
+    ("qzeros groups", lambda q, s, z: (q, s, _words(1, 8)),
+     r"scales and qzeros must have the same number of groups \(size\(0\)\), got scales "
+     r"\[2, 64\] and qzeros \[1, 8\]"),
+    ("scales groups", lambda q, s, z: (q, s[:1].contiguous(), z),  # blames neither alone
+     r"scales and qzeros must have the same number of groups \(size\(0\)\), got scales "
+     r"\[1, 64\] and qzeros \[2, 8\]"),
+    ("qzeros columns", lambda q, s, z: (q, s, _words(2, 4)),
+     r"qzeros must have shape \[2, 8\], got \[2, 4\]"),
     ("empty", lambda q, s, z: (_words(0, 8), s, z), r"qweight must be non-empty \[K, N/8\]"),
     ("non-contiguous", lambda q, s, z: (q, torch.ones(64, 2, dtype=H).t(), z),
      r"scales must be contiguous"),

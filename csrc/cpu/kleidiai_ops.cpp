@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "checks.h"
@@ -184,8 +185,14 @@ Isa resolve_isa(const char* op, c10::string_view isa) {
   Isa out;
   const char* why = "";
   const std::string name(isa);
-  TORCH_CHECK(kai::parse_isa(name.c_str(), &out, &why), op, ": isa '", name,
-              "' (or env W4K_KLEIDIAI_ISA for 'auto') cannot be used: ", why);
+  if (kai::parse_isa(name.c_str(), &out, &why)) return out;
+  // isa="auto" defers to the environment: name the value that was actually rejected.
+  const char* env = std::getenv("W4K_KLEIDIAI_ISA");
+  if (name == "auto" && env != nullptr && *env != '\0') {
+    TORCH_CHECK(false, op, ": W4K_KLEIDIAI_ISA='", env, "' (the environment, read for isa='auto')",
+                " cannot be used: ", why);
+  }
+  TORCH_CHECK(false, op, ": isa '", name, "' cannot be used: ", why);
   return out;
 }
 
@@ -328,6 +335,7 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
               ": inp must have dtype float32 or bfloat16, got ", inp.scalar_type());
   TORCH_CHECK(inp.dim() >= 1 && inp.size(-1) == k, op, ": inp must have shape [..., in_features=",
               k, "], got ", inp.sizes());
+  check_device(op, "packed_weights", packed_weights, c10::DeviceType::CPU);
   const bool per_block = block_size != k;
   const int64_t expected = per_block ? kai::rhs_packed_size_qsi4c32p(n, k, kNr, block_size)
                                      : kai::rhs_packed_size_qsi4cxp(n, k, kNr);
