@@ -35,3 +35,27 @@ def test_packed_weights_on_the_wrong_device_is_named():
                                            r"cpu device, got meta"):
         op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), torch.randn(2, 64),
                       _packed().to("meta"), 64, 64, 16, "auto")
+
+
+def test_fake_lhs_quant_pack_rejects_3d_like_the_kernel():
+    """Under FakeTensorMode / torch.compile the fake runs: same message as the CPU kernel."""
+    x = torch.randn(2, 3, 64)
+    for lhs in (x, x.to("meta")):
+        with pytest.raises(RuntimeError, match=r"lhs_quant_pack_qai8dxp_f32: lhs must be a 2-D "
+                                               r"tensor, got 3-D"):
+            ops.lhs_quant_pack_qai8dxp_f32(lhs)
+
+
+@pytest.mark.parametrize("name", ["matmul_clamp_f32_qai8dxp_qsi4cxp",
+                                  "matmul_clamp_f32_qai8dxp_qsi4c32p"])
+def test_fake_matmul_device_error_names_the_op(name):
+    """The fakes' device-mix error names the op the caller called (not an internal name)."""
+    op = getattr(torch.ops.w4kernels, name)
+    per_block = name.endswith("c32p")
+    rhs_size = (ops.rhs_packed_size_qsi4c32p(8, 64, 32) if per_block
+                else ops.rhs_packed_size_qsi4cxp(8, 64))
+    lhs = torch.zeros(ops.lhs_packed_size_qai8dxp(1, 64), dtype=torch.uint8, device="meta")
+    rhs = torch.zeros(rhs_size, dtype=torch.uint8)
+    args = (lhs, rhs, 1, 8, 64) + ((32,) if per_block else ())
+    with pytest.raises(RuntimeError, match=rf"{name}: all tensors must be on the same device"):
+        op(*args)

@@ -392,6 +392,9 @@ def lhs_quant_pack_qai8dxp_f32(lhs: torch.Tensor, mr: int = 1, kr: int = 16,
 
 @_register_fake("lhs_quant_pack_qai8dxp_f32")
 def _lhs_quant_pack_qai8dxp_f32_fake(lhs, mr=1, kr=16, sr=2):
+    if lhs.dim() != 2:  # the kernel's message, not an unpacking error
+        raise RuntimeError(f"lhs_quant_pack_qai8dxp_f32: lhs must be a 2-D tensor, got "
+                           f"{lhs.dim()}-D")
     m, k = lhs.shape
     return _kai_packed(lhs, torch.ops.w4kernels.lhs_packed_size_qai8dxp(m, k, mr, kr, sr))
 
@@ -435,10 +438,10 @@ def matmul_clamp_f32_qai8dxp_qsi4c32p(lhs_packed: torch.Tensor, rhs_packed: torc
         lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa)
 
 
-def _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype):
-    _check_same_device("matmul_clamp_f32_qai8dxp", lhs_packed=lhs_packed, rhs_packed=rhs_packed)
+def _kai_matmul_fake(op, lhs_packed, rhs_packed, m, n, out_dtype):
+    _check_same_device(op, lhs_packed=lhs_packed, rhs_packed=rhs_packed)
     torch._check(lhs_packed.dtype == torch.uint8 and rhs_packed.dtype == torch.uint8,
-                 lambda: "lhs_packed and rhs_packed must be uint8")
+                 lambda: f"{op}: lhs_packed and rhs_packed must be uint8")
     return lhs_packed.new_empty((m, n), dtype=out_dtype or torch.float32)
 
 
@@ -447,7 +450,8 @@ def _matmul_qsi4cxp_fake(lhs_packed, rhs_packed, m, n, k, mr=1, nr=8, kr=16, sr=
                          clamp_min=None, clamp_max=None, out_dtype=None, isa="auto"):
     torch._check(rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr),
                  lambda: "matmul_clamp_f32_qai8dxp_qsi4cxp: rhs_packed has the wrong size")
-    return _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype)
+    return _kai_matmul_fake("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n,
+                            out_dtype)
 
 
 @_register_fake("matmul_clamp_f32_qai8dxp_qsi4c32p")
@@ -456,7 +460,8 @@ def _matmul_qsi4c32p_fake(lhs_packed, rhs_packed, m, n, k, bl, mr=1, nr=8, kr=16
     torch._check(
         rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr),
         lambda: "matmul_clamp_f32_qai8dxp_qsi4c32p: rhs_packed has the wrong size")
-    return _kai_matmul_fake(lhs_packed, rhs_packed, m, n, out_dtype)
+    return _kai_matmul_fake("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n,
+                            out_dtype)
 
 
 def dyn_quant_pack_4bit_weight(weights: torch.Tensor, scales_zeros: torch.Tensor,
