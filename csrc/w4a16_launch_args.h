@@ -38,11 +38,11 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
                                         at::Tensor& workspace, const W4a16GemmArgs& args,
                                         int64_t size_m, int64_t size_n, int64_t size_k,
                                         int num_sms) {
-  // The kernel indexes with 32-bit sizes (and 8 * 2N words per stage).
-  TORCH_CHECK(size_m < (int64_t{1} << 31) && size_k < (int64_t{1} << 30) &&
-                  size_n <= (int64_t{1} << 26),
-              "w4a16_gemm: the GPU kernel takes size_m < 2^31, size_k < 2^30 and size_n <= 2^26, "
-              "got size_m = ", size_m, ", size_n = ", size_n, ", size_k = ", size_k);
+  // The kernel indexes with 32-bit sizes (and 8 * 2N words per stage); size_m < 2^31 is
+  // already a check of every backend (check_w4a16_gemm_args).
+  TORCH_CHECK(size_k < (int64_t{1} << 30) && size_n <= (int64_t{1} << 26),
+              "w4a16_gemm: the GPU kernel takes size_k < 2^30 and size_n <= 2^26, got size_n = ",
+              size_n, ", size_k = ", size_k);
   W4a16LaunchTensors t;
   t.out = at::empty({size_m, size_n}, a.options());
   if (size_m == 0) return t;
@@ -59,9 +59,9 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
     t.perm = w4a16_aligned16(*perm);
     t.a_perm = at::empty({size_m, size_k}, a.options());
     if (t.plan.mode == w4a16::ScaleMode::kRow) t.g_idx = w4a16_aligned16(*g_idx);
-  } else if (t.plan.row_groups_from_group_size) {
-    // A group size the per-stage scale path does not take (not 32, 64 or a multiple of 128):
-    // the row-group path with g_idx = r / group_size.
+  } else if (t.plan.mode == w4a16::ScaleMode::kRow) {
+    // A group size the per-stage scale path does not take (not 32, 64 or 128): the row-group
+    // path with g_idx = r / group_size.
     t.g_idx = at::arange(size_k, a.options().dtype(at::kInt)).div_(args.group_size, "floor");
   }
   if (t.plan.splits > 1) {

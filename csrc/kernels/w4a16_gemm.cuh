@@ -214,7 +214,7 @@ struct GemmParams {
   const int32_t* g_idx;        // [K] group of each row (kRow), else nullptr
   const void* b_bias;          // [N] in T, or nullptr
   void* c;                     // [M, N] in T
-  int size_m, size_n, size_k;  // < 2^31 (checked by the bindings)
+  int size_m, size_n, size_k;  // M < 2^31, N <= 2^26, K < 2^30 (checked by the bindings)
   int num_groups;              // G
   int group_size;              // rows per group (kGroup)
   int stages_per_split;        // gridDim.z splits of this many stages (the last may be shorter)
@@ -349,9 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
   uint32_t scale[8][2];  // per column e: rows (2t, 2t+1) and (2t+8, 2t+9) of the k-tile
   uint32_t zl[8], zh[8];
   {
-    const uint32_t z_sym = 8u | 8u << 4 | 8u << 8 | 8u << 12 | 8u << 16 | 8u << 20 | 8u << 24 |
-                           8u << 28;
-    make_zero_consts<T>(z_sym, zl, zh);
+    make_zero_consts<T>(0x88888888u, zl, zh);  // symmetric: every zero point is 8
   }
   if constexpr (kMode == ScaleMode::kChannel) {
     // Per-channel: the B registers hold (q - z) and the scale multiplies the fp32 sum in the
@@ -711,8 +709,8 @@ cudaError_t dispatch_config(int m_blocks, ScaleMode mode, F&& f) {
 // floats of split-K scratch when splits > 1.
 struct W4a16Plan {
   int m_blocks = 1;  // rows per tile / 16
-  w4a16::ScaleMode mode = w4a16::ScaleMode::kChannel;
-  bool row_groups_from_group_size = false;  // kRow without act-order: g_idx = r / group_size
+  w4a16::ScaleMode mode = w4a16::ScaleMode::kChannel;  // kRow without act-order: the binding
+                                                       // passes g_idx = r / group_size
   int64_t m_tiles = 0, n_tiles = 0;
   int64_t splits = 1, stages_per_split = 0;
   int64_t c_tmp_floats = 0;
@@ -737,7 +735,6 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
     pl.mode = has_zp ? ScaleMode::kGroupZp : ScaleMode::kGroup;
   } else {
     pl.mode = ScaleMode::kRow;
-    pl.row_groups_from_group_size = !has_act_order;
   }
   pl.m_tiles = (size_m + 16 * pl.m_blocks - 1) / (16 * pl.m_blocks);
   pl.n_tiles = (size_n + kTileN - 1) / kTileN;
@@ -766,9 +763,9 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
 // and ops.w4a16_gemm. T = half or __nv_bfloat16 for a, b_scales, b_bias and out.
-// Preconditions (checked by the bindings): 16 <= K < 2^31, K % 16 == 0, N % 64 == 0,
-// 1 <= M < 2^31; a, b_q_weight, b_scales, g_idx and perm 16-byte aligned, lda % 8 == 0; g_idx
-// given for act-order and for plan.row_groups_from_group_size (then g_idx[r] = r / group_size);
+// Preconditions (checked by the bindings): 16 <= K < 2^30, K % 16 == 0, 64 <= N <= 2^26,
+// N % 64 == 0, 1 <= M < 2^31; a, b_q_weight, b_scales, g_idx and perm 16-byte aligned,
+// lda % 8 == 0; g_idx given when plan.mode is kRow (without act-order: g_idx[r] = r / group_size);
 // perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given; with
 // plan.splits > 1, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
 // plan.n_tiles zeroed ints (left zeroed).
