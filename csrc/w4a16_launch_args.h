@@ -20,6 +20,7 @@ struct W4a16LaunchTensors {
   at::Tensor g_idx;       // act-order g_idx, or r / group_size for odd group sizes; aligned
   at::Tensor perm;        // act-order only; 16-byte aligned
   at::Tensor a_perm;      // [M, K] scratch for a[:, perm] (act-order)
+  at::Tensor row_group_flags;  // act-order: the gather kernel's g_idx checks (plan)
   at::Tensor out;         // [M, N]
   at::Tensor c_tmp;       // fp32 split-K partial tiles (undefined without a split)
   int* counters = nullptr;  // the workspace: one arrival counter per output tile (split-K)
@@ -59,6 +60,10 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
     t.perm = w4a16_aligned16(*perm);
     t.a_perm = at::empty({size_m, size_k}, a.options());
     if (t.plan.mode == w4a16::ScaleMode::kRow) t.g_idx = w4a16_aligned16(*g_idx);
+    if (t.plan.check_row_groups) {
+      t.row_group_flags =
+          at::empty({t.plan.row_group_flags_count(size_k)}, a.options().dtype(at::kInt));
+    }
   } else if (t.plan.mode == w4a16::ScaleMode::kRow) {
     // A group size the per-stage scale path does not take (not 32, 64 or 128): the row-group
     // path with g_idx = r / group_size.
@@ -88,6 +93,7 @@ cudaError_t launch_w4a16_typed(const W4a16LaunchTensors& t,
       t.g_idx.defined() ? t.g_idx.data_ptr<int32_t>() : nullptr,
       t.perm.defined() ? t.perm.data_ptr<int32_t>() : nullptr,
       t.a_perm.defined() ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,
+      t.row_group_flags.defined() ? t.row_group_flags.data_ptr<int>() : nullptr,
       args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
       size_n, size_k, args.num_groups, t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr,
       t.counters, stream);

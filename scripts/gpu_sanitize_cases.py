@@ -27,6 +27,7 @@ Exit status: 0 when every case ran and matched, 1 otherwise; without a GPU (and 
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -126,20 +127,28 @@ class Cases:
 
     def _marlin_layer(self, size_k, size_n, group_size, dtype, variant):
         """A Marlin-format layer made by the project's quantizers: "gptq" (symmetric),
-        "awq" (zero points), "act" (GPTQ act-order), or "shard" (the first half of the rows of
-        an act-order layer twice as long: b_scales keeps every group of the full layer and
-        g_idx indexes it directly, so is_k_full is False)."""
+        "awq" (zero points), "act" (GPTQ act-order), "act-rows" (act-order with the last
+        group's first row moved into the group before: sorted, but not r / group_size, so the
+        row-group path runs), or "shard" (the first half of the rows of an act-order layer twice
+        as long: b_scales keeps every group of the full layer and g_idx indexes it directly, so
+        is_k_full is False)."""
         if variant == "awq":
             return self.quant.awq_to_marlin(
                 self.quant.quantize_awq(self.randn(size_k, size_n, scale=0.05), group_size,
                                         dtype))
         full_k = 2 * size_k if variant == "shard" else size_k
         g = self.quant.quantize_gptq(self.randn(full_k, size_n, scale=0.05), group_size,
-                                     act_order=variant in ("act", "shard"), dtype=dtype)
+                                     act_order=variant in ("act", "act-rows", "shard"),
+                                     dtype=dtype)
         if variant == "shard":
             g = type(g)(g.qweight[: size_k // 8].contiguous(), g.scales,
                         g.g_idx[:size_k].contiguous(), group_size, size_k, size_n)
-        return self.quant.gptq_to_marlin(g)
+        mw = self.quant.gptq_to_marlin(g)
+        if variant == "act-rows":
+            g_idx = mw.g_idx.clone()
+            g_idx[size_k - group_size] -= 1
+            mw = dataclasses.replace(mw, g_idx=g_idx)
+        return mw
 
     def w4a16_gemm(self, m, size_k, size_n, group_size, dtype, variant="gptq", bias=False):
         mw = self._marlin_layer(size_k, size_n, group_size, dtype, variant)
@@ -207,6 +216,9 @@ def case_list(c: Cases):
          lambda: c.w4a16_gemm(5, 384, 128, 96, bf16)),
         ("w4a16_gemm bf16 M=9 K=256 N=192 g64 act-order (half-empty column tile)",
          lambda: c.w4a16_gemm(9, 256, 192, 64, bf16, "act")),
+        ("w4a16_gemm fp16 M=3 K=4352 N=128 g128 act-order, a row out of group order in the"
+         " last gather block (row-group path)",
+         lambda: c.w4a16_gemm(3, 4352, 128, 128, f16, "act-rows")),
         ("w4a16_gemm fp16 M=9 K=256 N=192 g64 zero-points (half-empty column tile)",
          lambda: c.w4a16_gemm(9, 256, 192, 64, f16, "awq", True)),
     ]

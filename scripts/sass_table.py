@@ -11,22 +11,46 @@ carry an L2 cache policy (sass_stats.py's gld_desc_B > 0).
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 MODES = ["kChannel", "kGroup", "kGroupZp", "kRow"]  # ScaleMode enum order in w4a16_gemm.cuh
 LABELS = {"kChannel": "per-channel", "kGroup": "g128", "kGroupZp": "g128 + zp",
-          "kRow": "act-order"}
+          "kRow": "act-order, group order", "kRowRows": "act-order, row groups"}
+COLUMNS = MODES + ["kRowRows"]
 # Dynamic shared memory of StageLayout<kMBlocks> (4 stages; see w4a16_gemm.cuh).
 SMEM = {mb: 4 * (16 * mb * 256 + 8 * 1024 + 4 * 128 * 2 + 4 * 16 * 4 + 128 * 4) for mb in range(1, 5)}
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "build/sass"
-    tools = "../shared/tools"
+    tools = os.environ.get("W4K_SASS_TOOLS", "../shared/tools")
     cuobjdump = subprocess.run(["bash", f"{tools}/get-cuobjdump.sh"], capture_output=True,
                                text=True).stdout.strip().splitlines()[-1]
+    sys.path.insert(0, tools)
+    import sass_stats  # noqa: E402  (the same hot-path analysis, loop by loop)
+    row_loops = {}
+    for arch in (80, 90):
+        obj = f"{out}/w4a16_gemm_tu_sm{arch}.o"
+        funcs = sass_stats.parse_sass(sass_stats.run([cuobjdump, "-sass", obj]))
+        work_re = re.compile(sass_stats.WORK_DEFAULT)
+        for (_, name), insns in funcs.items():
+            if "w4a16_gemm_kernel" not in name:
+                continue
+            loops = sass_stats.loops_of(insns, work_re)
+            most = max((lp["work"] for lp in loops), default=0)
+            ratios = []
+            for lp in loops:
+                if lp["work"] != most or most == 0:
+                    continue
+                hp = [insns[k] for k in sass_stats.hot_path(insns, lp, work_re)]
+                work = sum(1 for i in hp if not i.never and work_re.match(i.base))
+                total = sum(1 for i in hp if not i.never)
+                reloads = any(i.base == "LDG" for i in hp if not i.never)
+                ratios.append(((total - work) / work, reloads))
+            row_loops[(f"sm_{arch}", name)] = ratios
     rows = {}
     for arch in (80, 90):
         obj = f"{out}/w4a16_gemm_tu_sm{arch}.o"
@@ -40,20 +64,29 @@ def main():
             dtype = "fp16" if m.group(1) == "6__half" else "bf16"
             mb, mode = int(m.group(2)), MODES[int(m.group(3))]
             hot, work = k["hot"]["total"], k["hot_work"]
-            rows.setdefault((mb, arch, dtype), {})[mode] = dict(
-                ratio=(hot - work) / work, regs=k["regs"],
-                spill=k["ptxas"]["spill_st_B"] + k["ptxas"]["spill_ld_B"],
-                hint=k["hot_bytes"].get("gld_desc_B", 0) > 0)
+            entry = dict(ratio=(hot - work) / work, regs=k["regs"],
+                         spill=k["ptxas"]["spill_st_B"] + k["ptxas"]["spill_ld_B"],
+                         hint=k["hot_bytes"].get("gld_desc_B", 0) > 0)
+            rows.setdefault((mb, arch, dtype), {})[mode] = entry
+            if mode == "kRow":
+                # The kRow kernel holds three main loops: the group path (symmetric and with zero
+                # points) it takes when act-order rows are in group order, and the row-group path
+                # (the one that reloads scales from global memory). Report the symmetric group
+                # loop (the smaller of the two without reloads) and the row-group loop.
+                loops = row_loops[(f"sm_{arch}", k["kernel"])]
+                entry["ratio"] = min(r for r, reloads in loops if not reloads)
+                rows[(mb, arch, dtype)]["kRowRows"] = dict(
+                    entry, ratio=max(r for r, reloads in loops if reloads))
     print("| M tile | arch | dtype | regs | spills (B) | dyn. smem | "
-          + " | ".join(f"non-HMMA/HMMA {LABELS[m]}" for m in MODES) + " | L2 hint on weights |")
-    print("|---|---|---|---|---|---|" + "---|" * len(MODES) + "---|")
+          + " | ".join(f"non-HMMA/HMMA {LABELS[m]}" for m in COLUMNS) + " | L2 hint on weights |")
+    print("|---|---|---|---|---|---|" + "---|" * len(COLUMNS) + "---|")
     for (mb, arch, dtype), modes in sorted(rows.items()):
         regs = "/".join(str(modes[m]["regs"]) for m in MODES)
         spills = max(modes[m]["spill"] for m in MODES)
         hint = "yes" if all(modes[m]["hint"] for m in MODES) else "no"
         print(f"| {16 * mb} rows | sm_{arch} | {dtype} | {regs} | {spills} | "
               f"{SMEM[mb] // 1024} KiB | "
-              + " | ".join(f"{modes[m]['ratio']:.2f}" for m in MODES) + f" | {hint} |")
+              + " | ".join(f"{modes[m]['ratio']:.2f}" for m in COLUMNS) + f" | {hint} |")
 
 
 if __name__ == "__main__":

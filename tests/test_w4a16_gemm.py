@@ -121,7 +121,8 @@ def check_against_reference(backend, case):
     out = call(backend, case)
     assert out.dtype == case["a"].dtype and out.shape == (case["size_m"], case["size_n"])
     ref = reference.w4a16_gemm(**op_args(case))
-    if case["size_k"] * case["size_n"] <= 1 << 20:  # the reference decodes what we encoded
+    # The reference decodes what make_case encoded (cases edited after make_case drop _w).
+    if "_w" in case and case["size_k"] * case["size_n"] <= 1 << 20:
         c = case
         w = reference.marlin_dequantize(c["b_q_weight"], c["b_scales"], c["b_zeros"],
                                         c["g_idx"], c["size_k"], c["size_n"])

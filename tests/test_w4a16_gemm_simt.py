@@ -127,18 +127,22 @@ SCHEDULES = [("forward", 1), ("reverse", 1), ("shuffle", 1), ("forward", 4), ("s
 @pytest.mark.parametrize("m,size_n,size_k,group_size,zp,act_order", [
     (1, 128, 4096, 128, False, None),    # 1 tile, 8 splits of 4 stages (kGroup)
     (9, 192, 2048, -1, True, None),      # N = 64 x 3 (a half-empty tile), per-channel + zp
-    (17, 128, 2048, 64, True, "k_full"),  # act-order (row groups), 32-row tile
+    (17, 128, 2048, 64, True, "k_full"),  # act-order in group order (group path), 32 rows
+    (17, 128, 2048, 64, True, "unordered"),  # act-order, a row out of group order (row groups)
     (40, 64, 1024, 32, True, None),      # group 32 with zero points, 48-row tile
     (64, 128, 1536, 256, False, None),   # group 256 (scales advance every 2 stages), 64 rows
-], ids=["m1-g128", "n192-chan-zp", "act-g64", "g32-zp", "m64-g256"])
+], ids=["m1-g128", "n192-chan-zp", "act-g64", "act-g64-rows", "g32-zp", "m64-g256"])
 def test_split_k_bits_do_not_depend_on_block_order(monkeypatch, m, size_n, size_k, group_size,
                                                    zp, act_order):
     """No block waits for another: every split writes its partial tile and the last to arrive
     adds them in split order. Same bits under every thread schedule and with 1 or 4 blocks in
     flight; counters back at zero after each call."""
     b = simt()
-    case = make_case(m, size_k, size_n, group_size, torch.float16, act_order, zp=zp, bias=True,
-                     seed=size_k + m)
+    unordered = act_order == "unordered"
+    case = make_case(m, size_k, size_n, group_size, torch.float16,
+                     "k_full" if unordered else act_order, zp=zp, bias=True, seed=size_k + m)
+    if unordered:
+        case = rows_out_of_group_order(case, 1024 + group_size)
     outs = []
     for schedule, workers in SCHEDULES:
         monkeypatch.setenv("W4K_SIMT_SCHEDULE", schedule)
@@ -171,6 +175,35 @@ def test_dirty_workspace_is_an_error_not_a_hang():
     case["workspace"][0] = 7
     with pytest.raises(RuntimeError, match=r"workspace must be all zeros .* workspace\[0\] = 7"):
         call(b, case)
+
+
+def rows_out_of_group_order(case, row):
+    """The act-order case with row `row` (a group's first row) moved into the previous group:
+    g_idx stays sorted, but is no longer r / group_size."""
+    g_idx = case["g_idx"].clone()
+    assert row > 0 and g_idx[row] == g_idx[row - 1] + 1
+    g_idx[row] -= 1
+    c = {k: v for k, v in case.items() if k not in ("_w", "_qz")}  # no longer what they were
+    # The tolerance's weight magnitudes: the reference's weight under the new g_idx.
+    c.update(g_idx=g_idx, _w_ref=reference.w4a16_weight(c["b_q_weight"], c["b_scales"],
+                                                         c["b_zeros"], g_idx, c["size_k"],
+                                                         c["size_n"]))
+    return c
+
+
+# K = 4352: the gather kernel's g_idx check spans three blocks of 2048 rows (the last partial).
+@pytest.mark.parametrize("row", [None, 128, 2048 + 640, 4096 + 128],
+                         ids=["in-order", "block0", "block1", "last-block"])
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+def test_act_order_group_order_check(zp, row):
+    """Act-order with group size 32/64/128 and K % G == 0: the gather kernel checks on the GPU
+    whether g_idx is r / group_size (GPTQ desc_act once sorted) and the GEMM then takes the
+    per-stage group path; any row out of that order, in any gather block, keeps the row-group
+    path. Both must match the reference."""
+    case = make_case(5, 4352, 256, 128, torch.float16, "k_full", zp=zp, bias=True, seed=41 + zp)
+    if row is not None:
+        case = rows_out_of_group_order(case, row)
+    check_against_reference(simt(), case)
 
 
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 33, 64, 65, 200])

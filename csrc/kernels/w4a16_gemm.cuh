@@ -49,6 +49,12 @@
 //             reloads its scales from global memory (L2) when one of its rows changes group.
 //             Out-of-range g_idx entries are clamped to [0, G) (the CUDA binding cannot read
 //             g_idx without a device sync; the CPU and SIMT bindings reject them).
+//             Act-order whose K / G is 32, 64 or 128 first checks, in the gather kernel,
+//             whether every row r is in group r / (K / G); a GPTQ desc_act layer's g_idx, once
+//             sorted, always is, and then the kRow kernel runs the kGroup / kGroupZp path: an
+//             act-order layer costs what a group-ordered one does, and any other g_idx (a
+//             row-parallel shard's, say) still gets the row-group path. The host cannot read
+//             g_idx without a sync, so the choice is made per launch, on the GPU.
 //
 // Split-K, without any block waiting for another: when the (M, N) tiles alone cannot fill the
 // GPU (occupancy API x SMs), blockIdx.z takes a contiguous run of stages. Every split writes its
@@ -212,6 +218,11 @@ struct GemmParams {
   const uint16_t* b_scales;    // [G, N] in T (bit patterns), Marlin-permuted, 16-byte aligned
   const uint32_t* b_zeros;     // [G, N/8] Marlin zero points, or nullptr (z = 8)
   const int32_t* g_idx;        // [K] group of each row (kRow), else nullptr
+  // Act-order whose group size K / G is 32, 64 or 128 (kRow): one flag per block of the
+  // gather kernel, nonzero where a row r of the block has g_idx[r] != r / group_size; all zero:
+  // the rows are in group order and the kernel takes the per-stage group path. Else nullptr.
+  const int* row_group_flags;
+  int num_row_group_flags;
   const void* b_bias;          // [N] in T, or nullptr
   void* c;                     // [M, N] in T
   int size_m, size_n, size_k;  // M < 2^31, N <= 2^26, K < 2^30 (checked by the bindings)
@@ -267,10 +278,9 @@ __device__ __forceinline__ void load_row_scales(const GemmParams& p, const int g
 // emulator tells barrier call sites apart, so the kernel uses the named-barrier wrapper.
 __device__ __forceinline__ void block_sync() { ptx::barrier_sync(0, kThreads); }
 
-// Grid: (N / 128 rounded up, ceil(M / kRows), splits), kThreads threads, kSmemBytes of dynamic
-// shared memory.
+// One block's output tile (the kernel below, for one scale path).
 template <typename T, int kMBlocks, ScaleMode kMode>
-__global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
+__device__ __forceinline__ void gemm_tile(const GemmParams& p) {
   using L = StageLayout<kMBlocks>;
   using D = Dtype<T>;
   using T2 = typename D::T2;
@@ -598,17 +608,61 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
   }
 }
 
+// Act-order with a group size the per-stage path takes: whether every row r is in group
+// r / group_size (g_idx sorted with equal groups, as GPTQ's desc_act writes it once vLLM's
+// marlin_sort_g_idx has sorted it), read off the gather kernel's flags. Block-uniform.
+__device__ __forceinline__ bool rows_in_group_order(const GemmParams& p) {
+  int out_of_order = 0;
+  for (int i = threadIdx.x; i < p.num_row_group_flags; i += kThreads)
+    out_of_order |= p.row_group_flags[i];
+  return !__syncthreads_or(out_of_order);
+}
+
+// Grid: (N / 128 rounded up, ceil(M / kRows), splits), kThreads threads, kSmemBytes of dynamic
+// shared memory. kRow with act-order flags runs the per-stage group path when the rows turn out
+// to be in group order (decided per launch on the GPU, where the host cannot read g_idx without
+// a sync): the act-order layers of GPTQ checkpoints then cost what group-ordered ones do.
+template <typename T, int kMBlocks, ScaleMode kMode>
+__global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
+  if constexpr (kMode == ScaleMode::kRow) {
+    if (p.row_group_flags != nullptr && rows_in_group_order(p)) {
+      if (p.b_zeros != nullptr)
+        gemm_tile<T, kMBlocks, ScaleMode::kGroupZp>(p);
+      else
+        gemm_tile<T, kMBlocks, ScaleMode::kGroup>(p);
+      return;
+    }
+  }
+  gemm_tile<T, kMBlocks, kMode>(p);
+}
+
 // Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), M): a thread gathers
 // 8 columns and writes them as one 16-byte store (K % 16 == 0). An out-of-range perm entry gives
 // a zero column instead of an out-of-bounds read (the CPU and SIMT bindings reject it; the CUDA
-// binding cannot read perm without a device sync).
+// binding cannot read perm without a device sync). With row_group_flags (see GemmParams), the
+// blocks of row 0 also check their rows' g_idx against r / group_size (a power of two:
+// 1 << group_shift) and write one flag per block, so no flag needs zeroing first.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     permute_cols_kernel(const T* __restrict__ a, int64_t lda, const int32_t* __restrict__ perm,
-                        T* __restrict__ a_perm, int size_k) {
+                        T* __restrict__ a_perm, int size_k, const int32_t* __restrict__ g_idx,
+                        int group_shift, int* __restrict__ row_group_flags) {
   const int r0 = 8 * (blockIdx.x * kThreads + threadIdx.x);
-  if (r0 >= size_k) return;
   const int64_t m = blockIdx.y;
+  if (row_group_flags != nullptr && m == 0) {
+    // Threads past K check the last 8 rows again (a select, not a branch: no thread-dependent
+    // branch may precede the block-wide vote).
+    const int rg = r0 < size_k ? r0 : size_k - 8;
+    const int4 g0 = *reinterpret_cast<const int4*>(g_idx + rg);
+    const int4 g1 = *reinterpret_cast<const int4*>(g_idx + rg + 4);
+    const int g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    int out_of_order = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out_of_order |= g[i] != (rg + i) >> group_shift;
+    out_of_order = __syncthreads_or(out_of_order);
+    if (threadIdx.x == 0) row_group_flags[blockIdx.x] = out_of_order;
+  }
+  if (r0 >= size_k) return;
   const int4 p0 = *reinterpret_cast<const int4*>(perm + r0);
   const int4 p1 = *reinterpret_cast<const int4*>(perm + r0 + 4);
   const int src[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
@@ -714,6 +768,13 @@ struct W4a16Plan {
   int64_t m_tiles = 0, n_tiles = 0;
   int64_t splits = 1, stages_per_split = 0;
   int64_t c_tmp_floats = 0;
+  // kRow for act-order with K % G == 0 and K / G in {32, 64, 128}: the launch checks g_idx on
+  // the GPU and the kernel takes the per-stage group path when the rows are in group order; the
+  // binding passes row_group_flags_count() ints of scratch.
+  bool check_row_groups = false;
+  int64_t row_group_flags_count(int64_t size_k) const {
+    return check_row_groups ? (size_k + 8 * w4a16::kThreads - 1) / (8 * w4a16::kThreads) : 0;
+  }
 };
 
 // Chooses the configuration for a problem: the M tile from M (Marlin's 16/32/48/64 rows), the
@@ -735,6 +796,8 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
     pl.mode = has_zp ? ScaleMode::kGroupZp : ScaleMode::kGroup;
   } else {
     pl.mode = ScaleMode::kRow;
+    pl.check_row_groups = has_act_order && size_k % num_groups == 0 &&
+                          (group_size == 32 || group_size == 64 || group_size == 128);
   }
   pl.m_tiles = (size_m + 16 * pl.m_blocks - 1) / (16 * pl.m_blocks);
   pl.n_tiles = (size_n + kTileN - 1) / kTileN;
@@ -766,16 +829,17 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
 // Preconditions (checked by the bindings): 16 <= K < 2^30, K % 16 == 0, 64 <= N <= 2^26,
 // N % 64 == 0, 1 <= M < 2^31; a, b_q_weight, b_scales, g_idx and perm 16-byte aligned,
 // lda % 8 == 0; g_idx given when plan.mode is kRow (without act-order: g_idx[r] = r / group_size);
-// perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given; with
+// perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given;
+// row_group_flags_tmp: plan.row_group_flags_count(K) ints (no initial value needed); with
 // plan.splits > 1, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
 // plan.n_tiles zeroed ints (left zeroed).
 template <typename T>
 cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
                               const uint32_t* b_q_weight, const T* b_scales,
                               const uint32_t* b_zeros, const int32_t* g_idx, const int32_t* perm,
-                              T* a_perm_tmp, const T* b_bias, T* out, int64_t size_m,
-                              int64_t size_n, int64_t size_k, int64_t num_groups, float* c_tmp,
-                              int* counters, cudaStream_t stream) {
+                              T* a_perm_tmp, int* row_group_flags_tmp, const T* b_bias, T* out,
+                              int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
+                              float* c_tmp, int* counters, cudaStream_t stream) {
   using namespace w4a16;
   if (size_m == 0) return cudaSuccess;
   GemmParams p{};
@@ -785,8 +849,12 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
     auto* permute = &permute_cols_kernel<T>;
     const dim3 grid(static_cast<unsigned>((size_k + 8 * kThreads - 1) / (8 * kThreads)),
                     static_cast<unsigned>(size_m));
+    const int group_size = static_cast<int>(size_k / num_groups);
+    int* flags = plan.check_row_groups ? row_group_flags_tmp : nullptr;
     W4K_LAUNCH(permute, grid, dim3(kThreads), 0, stream, a, lda, perm, a_perm_tmp,
-               static_cast<int>(size_k));
+               static_cast<int>(size_k), g_idx, flags ? __builtin_ctz(group_size) : 0, flags);
+    p.row_group_flags = flags;
+    p.num_row_group_flags = static_cast<int>(plan.row_group_flags_count(size_k));
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     p.a = a_perm_tmp;
