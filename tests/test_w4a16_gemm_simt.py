@@ -206,6 +206,14 @@ def test_act_order_group_order_check(zp, row):
     check_against_reference(simt(), case)
 
 
+def test_act_order_more_rows_than_grid_y():
+    """M = 65537 act-order rows: the gather kernel's grid is capped at 65535 in y (the CUDA
+    limit) and its blocks loop over the rows. On the GPU only: the emulator needs ~35 s for the
+    65535 gather blocks (it ran there once, 2026-11-24, and matched)."""
+    b = backend_or_skip("cuda", OP)
+    check_against_reference(b, make_case(65537, 32, 64, 16, torch.float16, "k_full", seed=3))
+
+
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 33, 64, 65, 200])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_every_tile_height(dtype, m):

@@ -67,6 +67,7 @@
 // stores; out-of-range perm entries give zero columns).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -636,8 +637,9 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
   gemm_tile<T, kMBlocks, kMode>(p);
 }
 
-// Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), M): a thread gathers
-// 8 columns and writes them as one 16-byte store (K % 16 == 0). An out-of-range perm entry gives
+// Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), min(M, 65535)): a
+// thread gathers 8 columns of rows blockIdx.y, + gridDim.y, ... and writes each row's as one
+// 16-byte store (K % 16 == 0). An out-of-range perm entry gives
 // a zero column instead of an out-of-bounds read (the CPU and SIMT bindings reject it; the CUDA
 // binding cannot read perm without a device sync). With row_group_flags (see GemmParams), the
 // blocks of row 0 also check their rows' g_idx against r / group_size (a power of two:
@@ -645,11 +647,11 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     permute_cols_kernel(const T* __restrict__ a, int64_t lda, const int32_t* __restrict__ perm,
-                        T* __restrict__ a_perm, int size_k, const int32_t* __restrict__ g_idx,
-                        int group_shift, int* __restrict__ row_group_flags) {
+                        T* __restrict__ a_perm, int size_k, int size_m,
+                        const int32_t* __restrict__ g_idx, int group_shift,
+                        int* __restrict__ row_group_flags) {
   const int r0 = 8 * (blockIdx.x * kThreads + threadIdx.x);
-  const int64_t m = blockIdx.y;
-  if (row_group_flags != nullptr && m == 0) {
+  if (row_group_flags != nullptr && blockIdx.y == 0) {
     // Threads past K check the last 8 rows again (a select, not a branch: no thread-dependent
     // branch may precede the block-wide vote).
     const int rg = r0 < size_k ? r0 : size_k - 8;
@@ -665,19 +667,25 @@ __global__ void __launch_bounds__(kThreads)
   if (r0 >= size_k) return;
   const int4 p0 = *reinterpret_cast<const int4*>(perm + r0);
   const int4 p1 = *reinterpret_cast<const int4*>(perm + r0 + 4);
-  const int src[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-  uint16_t v[8];
+  int src[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+  uint32_t keep = 0;  // bit i: perm[r0 + i] is in range (else the column reads as zero)
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const bool ok = src[i] >= 0 && src[i] < size_k;
-    v[i] = ok ? reinterpret_cast<const uint16_t*>(a)[m * lda + (ok ? src[i] : 0)] : uint16_t(0);
+    keep |= uint32_t(src[i] >= 0 && src[i] < size_k) << i;
+    src[i] = keep >> i & 1 ? src[i] : 0;
   }
-  int4 out;
-  out.x = int(v[0] | uint32_t(v[1]) << 16);
-  out.y = int(v[2] | uint32_t(v[3]) << 16);
-  out.z = int(v[4] | uint32_t(v[5]) << 16);
-  out.w = int(v[6] | uint32_t(v[7]) << 16);
-  *reinterpret_cast<int4*>(a_perm + m * size_k + r0) = out;
+  for (int64_t m = blockIdx.y; m < size_m; m += gridDim.y) {
+    const uint16_t* a_row = reinterpret_cast<const uint16_t*>(a) + m * lda;
+    uint16_t v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = keep >> i & 1 ? a_row[src[i]] : uint16_t(0);
+    int4 out;
+    out.x = int(v[0] | uint32_t(v[1]) << 16);
+    out.y = int(v[2] | uint32_t(v[3]) << 16);
+    out.z = int(v[4] | uint32_t(v[5]) << 16);
+    out.w = int(v[6] | uint32_t(v[7]) << 16);
+    *reinterpret_cast<int4*>(a_perm + m * size_k + r0) = out;
+  }
 }
 
 // Rows of M per block: Marlin's m_blocks, 16 * (1..4).
@@ -848,11 +856,12 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   if (perm != nullptr) {
     auto* permute = &permute_cols_kernel<T>;
     const dim3 grid(static_cast<unsigned>((size_k + 8 * kThreads - 1) / (8 * kThreads)),
-                    static_cast<unsigned>(size_m));
+                    static_cast<unsigned>(std::min<int64_t>(size_m, 65535)));
     const int group_size = static_cast<int>(size_k / num_groups);
     int* flags = plan.check_row_groups ? row_group_flags_tmp : nullptr;
     W4K_LAUNCH(permute, grid, dim3(kThreads), 0, stream, a, lda, perm, a_perm_tmp,
-               static_cast<int>(size_k), g_idx, flags ? __builtin_ctz(group_size) : 0, flags);
+               static_cast<int>(size_k), static_cast<int>(size_m), g_idx,
+               flags ? __builtin_ctz(group_size) : 0, flags);
     p.row_group_flags = flags;
     p.num_row_group_flags = static_cast<int>(plan.row_group_flags_count(size_k));
     const cudaError_t err = cudaGetLastError();
