@@ -15,12 +15,13 @@ Without a GPU (and without ``--simt``) it prints why and exits with status 0.
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import torch
+
+import gpu_target
 
 # (K, N) weight shapes: Llama-style projections (hidden 4096 / 8192, MLP 11008 / 14336 / 28672).
 SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (14336, 4096),
@@ -28,14 +29,6 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (14336, 409
 QUICK_SHAPES = [(1024, 1024), (4096, 4096)]
 SIMT_SHAPES = [(64, 128), (128, 192)]
 GROUP_SIZE = 128
-
-
-def _import_w4kernels():
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.join(here, "..", "python"))
-    import w4kernels  # noqa: F401
-    from w4kernels import reference
-    return w4kernels, reference
 
 
 def _median_ms(fn, warmup, iters, device):
@@ -117,26 +110,16 @@ def main():
                              "script itself; the timings mean nothing)")
     args = parser.parse_args()
 
+    target = gpu_target.choose("bench_cuda_repack", args.simt)
+    if not isinstance(target, gpu_target.Target):
+        return target
+    device, namespace, _ = target
+    from w4kernels import reference
     if args.simt:
-        device, namespace, shapes = "cpu", "w4kernels_simt", SIMT_SHAPES
+        shapes = SIMT_SHAPES
         args.warmup, args.iters = min(args.warmup, 1), min(args.iters, 3)
     else:
-        if not torch.cuda.is_available():
-            print("bench_cuda_repack: no CUDA GPU visible (torch.cuda.is_available() is False); "
-                  "nothing to benchmark. Run it on a GPU machine, or pass --simt to exercise the "
-                  "script under the emulator.")
-            return 0
-        device, namespace = "cuda", "w4kernels"
         shapes = QUICK_SHAPES if args.quick else SHAPES
-
-    w4kernels, reference = _import_w4kernels()
-    if args.simt and not w4kernels.HAS_SIMT:
-        print("bench_cuda_repack: w4kernels._simt was not built (W4K_SIMT=0)")
-        return 1
-    if not args.simt and not w4kernels.build_info()["cuda_kernels"]:
-        print("bench_cuda_repack: this w4kernels build has no CUDA kernels; rebuild with "
-              "W4K_CUDA=1 python setup.py build_ext --inplace")
-        return 1
     ns = getattr(torch.ops, namespace)
 
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (SIMT emulator)"

@@ -33,12 +33,13 @@ Without a GPU (and without ``--simt``) it prints why and exits with status 0.
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
 
 import torch
+
+import gpu_target
 
 SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (8192, 28672)]  # (K, N)
 QUICK_SHAPES = [(4096, 4096), (4096, 11008)]
@@ -51,13 +52,6 @@ L2_BYTES = 50e6  # H100 / H200 L2
 MAX_COPIES = 64
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
-
-
-def _import_w4kernels():
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.join(here, "..", "python"))
-    import w4kernels
-    return w4kernels
 
 
 def copies_for(nbytes, simt):
@@ -250,17 +244,15 @@ def main():
                              "script itself; the timings mean nothing)")
     args = parser.parse_args()
 
+    target = gpu_target.choose("bench_gpu_gemm", args.simt)
+    if not isinstance(target, gpu_target.Target):
+        return target
+    device, namespace, w4kernels = target
     if args.simt:
-        device, namespace, shapes = "cpu", "w4kernels_simt", SIMT_SHAPES
+        shapes = SIMT_SHAPES
         m_values = args.m or SIMT_M
         args.warmup, args.iters = min(args.warmup, 1), min(args.iters, 2)
     else:
-        if not torch.cuda.is_available():
-            print("bench_gpu_gemm: no CUDA GPU visible (torch.cuda.is_available() is False); "
-                  "nothing to benchmark. Run it on a GPU machine, or pass --simt to exercise the "
-                  "script under the emulator.")
-            return 0
-        device, namespace = "cuda", "w4kernels"
         shapes = QUICK_SHAPES if args.quick else SHAPES
         m_values = args.m or (QUICK_M if args.quick else M_SWEEP)
         if args.quick:
@@ -268,14 +260,6 @@ def main():
     dtype_names = {"fp16": ["fp16"], "bf16": ["bf16"], "both": ["fp16", "bf16"],
                    None: ["fp16"] if args.quick or args.simt else ["fp16", "bf16"]}[args.dtype]
 
-    w4kernels = _import_w4kernels()
-    if args.simt and not w4kernels.HAS_SIMT:
-        print("bench_gpu_gemm: w4kernels._simt was not built (W4K_SIMT=0)")
-        return 1
-    if not args.simt and not w4kernels.build_info()["cuda_kernels"]:
-        print("bench_gpu_gemm: this w4kernels build has no CUDA kernels; rebuild with "
-              "W4K_CUDA=1 python setup.py build_ext --inplace")
-        return 1
     ns = getattr(torch.ops, namespace)
 
     timer = Timer(device, args.warmup, args.iters)

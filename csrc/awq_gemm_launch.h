@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "aligned.h"
 #include "kernels/awq_gemm.cuh"
 
 namespace w4k {
@@ -27,15 +28,11 @@ inline int64_t awq_gemm_dequant_threshold() {
   return kAwqGemmDequantThreshold;
 }
 
-inline bool awq_aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
 // t [rows, cols] as a 16-byte aligned tensor whose row stride is a multiple of `multiple`
 // elements: t itself when it already is one, else a zero-padded copy [rows, round_up(cols)].
 inline at::Tensor awq_padded_rows(const at::Tensor& t, int64_t multiple) {
   const int64_t cols = t.size(1);
-  if (t.stride(1) == 1 && t.stride(0) % multiple == 0 && cols % multiple == 0 && awq_aligned16(t))
+  if (t.stride(1) == 1 && t.stride(0) % multiple == 0 && cols % multiple == 0 && is_aligned16(t))
     return t;
   at::Tensor padded =
       at::zeros({t.size(0), (cols + multiple - 1) / multiple * multiple}, t.options());
@@ -50,7 +47,7 @@ inline cudaError_t awq_gemm_dequantize_weight(const at::Tensor& qweight, const a
                                               cudaStream_t stream) {
   const int64_t size_k = qweight.size(0), size_n = 8 * qweight.size(1);
   const int64_t group_size = size_k / scales.size(0);
-  const at::Tensor s = awq_aligned16(scales) ? scales : scales.clone();
+  const at::Tensor s = aligned16(scales);
   const auto* q = reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>());
   const auto* z = reinterpret_cast<const uint32_t*>(qzeros.data_ptr<int32_t>());
   if (scales.scalar_type() == at::kHalf) {
@@ -78,7 +75,7 @@ inline cudaError_t awq_gemm_launch(const at::Tensor& x, const at::Tensor& qweigh
   const at::Tensor xa = awq_padded_rows(x, 8);
   const at::Tensor qa = awq_padded_rows(qweight, 4);
   const at::Tensor za = awq_padded_rows(qzeros, 4);
-  const at::Tensor sa = awq_aligned16(scales) ? scales : scales.clone();
+  const at::Tensor sa = aligned16(scales);
   at::Tensor scratch, counters;
   if (plan.splits > 1) {
     scratch = at::empty({plan.scratch_floats}, x.options().dtype(at::kFloat));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "aligned.h"
 #include "w4a16_checks.h"
 
 namespace w4k {
@@ -25,10 +26,6 @@ struct W4a16LaunchTensors {
   at::Tensor c_tmp;       // fp32 split-K partial tiles (undefined without a split)
   int* counters = nullptr;  // the workspace: one arrival counter per output tile (split-K)
 };
-
-inline at::Tensor w4a16_aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
 
 // num_sms: the SM count the split-K plan fills (the device's; the emulator's W4K_SIMT_SMS).
 template <typename T>
@@ -53,13 +50,13 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: kernel configuration failed: ",
               cudaGetErrorString(err));
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;
-  t.a = a_ok ? a : w4a16_aligned16(a.contiguous());  // copied if strided or misaligned
-  t.b_q_weight = w4a16_aligned16(b_q_weight);
-  t.b_scales = w4a16_aligned16(b_scales);
+  t.a = a_ok ? a : aligned16(a.contiguous());  // copied if strided or misaligned
+  t.b_q_weight = aligned16(b_q_weight);
+  t.b_scales = aligned16(b_scales);
   if (args.has_act_order) {
-    t.perm = w4a16_aligned16(*perm);
+    t.perm = aligned16(*perm);
     t.a_perm = at::empty({size_m, size_k}, a.options());
-    if (t.plan.mode == w4a16::ScaleMode::kRow) t.g_idx = w4a16_aligned16(*g_idx);
+    if (t.plan.mode == w4a16::ScaleMode::kRow) t.g_idx = aligned16(*g_idx);
     if (t.plan.check_row_groups) {
       t.row_group_flags =
           at::empty({t.plan.row_group_flags_count(size_k)}, a.options().dtype(at::kInt));

@@ -7,16 +7,12 @@
 
 #include <cstdint>
 
+#include "aligned.h"
 #include "awq_checks.h"
 #include "kernels/awq_dequantize.cuh"
 
 namespace w4k {
 namespace {
-
-// The kernel loads 8 scales and stores 8 outputs as one 16-byte vector.
-at::Tensor aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
 
 // split_k_iters does not apply to a dequantization (vLLM ignores it too); thx/thy, when both
 // positive, are the block shape (threads along qweight words, along rows), as in vLLM.

@@ -9,17 +9,12 @@
 #include <cstdint>
 #include <optional>
 
+#include "aligned.h"
 #include "kernels/marlin_repack.cuh"
 #include "marlin_checks.h"
 
 namespace w4k {
 namespace {
-
-// cp.async copies 16-byte chunks: a tensor whose storage offset breaks that alignment (a view)
-// is copied to a fresh allocation first.
-at::Tensor aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
 
 void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));

@@ -20,7 +20,6 @@
 namespace w4k {
 namespace {
 
-using simt_binding::aligned16;
 using simt_binding::kNoStream;
 using simt_binding::run_simt;
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "aligned.h"
 #include "kernels/cuda_compat.cuh"
 
 namespace w4k {
@@ -13,12 +14,6 @@ namespace simt_binding {
 
 // The emulator has no streams: every launch runs to completion before returning.
 constexpr cudaStream_t kNoStream = nullptr;
-
-// cp.async and the 16-byte vector accesses need 16-byte aligned global pointers, exactly as on
-// the GPU (the emulator checks): a misaligned view is copied to a fresh allocation first.
-inline at::Tensor aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
 
 // Runs one launcher; an emulator-detected fault (simt::Error names block, thread, warp, lane)
 // or an error status becomes a RuntimeError naming the op.
