@@ -12,17 +12,19 @@ Produced by (2026-11-24, CPU only, the system torch 2.14.1, transformers 5.23.0,
   * gptqmodel 7.7.0    (``GPTQ.quantize`` solver, ``TorchLinear.pack_block`` packing,
                         ``dequantize_weight``; config from ``QuantizeConfig.to_dict``, format
                         ``gptq_v2``), imported with logbar 0.4.15, threadpoolctl 3.8.0 and
-                        device-smi 0.5.7 (its pure-Python imports), accelerate 1.15.0 and psutil 7.2.2
-                        (imported by AutoAWQ's and GPTQModel's utilities).
+                        device-smi 0.5.7 (its pure-Python imports); accelerate 1.15.0 and
+                        psutil 7.2.2 are imported by AutoAWQ's and GPTQModel's utilities.
 
 None of them is a test dependency and none is installed into the system Python (each pins a
 torch of its own): they are downloaded as archives, unpacked under a scratch folder and imported
-from there. Stubbed, because they are compiled or GPU-only: AutoGPTQ's CUDA extension modules
-(``autogptq_cuda_64`` / ``_256``: the import fails, AutoGPTQ falls back to its torch path) and
-the ``torch.cuda.synchronize()`` its solver times itself with (a no-op during the call), the
-``pcre`` binding GPTQModel uses for its log formatting (Python's ``re`` stands in). The packages' ``__init__`` modules
-are skipped (they import model zoos and calibration-data loaders): only the modules named above
-are imported, from the unpacked sources.
+from there. Stubbed, because they are compiled or GPU-only: the tools' CUDA extension modules
+(``autogptq_cuda_64`` / ``_256``, ``awq_ext``, ...: the import fails and the tools fall back to
+their torch paths), the ``torch.cuda.synchronize()`` auto-gptq's solver times itself with (a
+no-op during that call), and the ``pcre`` binding GPTQModel formats its logs with (Python's
+``re`` stands in). The packages' ``__init__`` modules are skipped (they import model zoos and
+calibration-data loaders): only the modules named above are imported, from the unpacked
+sources; two classes whose modules cannot be imported that way (AutoAWQ's ``AwqQuantizer``,
+auto-gptq's ``BaseQuantizeConfig``) have the methods used here run from their source text.
 
 To rerun (about 30 s on 2 cores), from the repository root:
 
