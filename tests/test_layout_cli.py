@@ -181,6 +181,21 @@ def test_marlin_lanes_agree_with_the_mma_b_fragment(size_k, size_n):
             assert (c["register"], c["half"]) == (nib % 2, nib // 4)
 
 
+def test_awq_consumer_is_the_remapped_mma_column():
+    """awq_gemm (csrc/kernels/awq_gemm.cuh) remaps mma columns: n8 tile j, mma column p of the
+    warp's 64 columns is real column 8 * (8 * warp + p) + AWQ_ORDER[j], and the lane is the
+    PTX B-fragment lane of (k, p)."""
+    for k in range(32):
+        for n in range(128):
+            c = layout.awq_location(k, n, 32, 128).consumer
+            real = 8 * (8 * c["warp_columns"] + c["mma_column"]) + \
+                reference.AWQ_ORDER[c["n8_tile_of_warp"]]
+            assert real == n
+            frag = layout.mma_b_fragment(k, c["mma_column"])
+            assert (c["lane"], c["register"], c["half"]) == \
+                (frag["lane"], frag["register"], frag["half"])
+
+
 def test_tile_map_text(capsys):
     code, out, _ = run_cli(capsys, "marlin", "--k", "32", "--n", "64", "--map")
     assert code == 0
