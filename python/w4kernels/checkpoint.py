@@ -212,9 +212,11 @@ def load_quantized(model: nn.Module, checkpoint: Union[str, dict], quantization_
         raise ValueError(f"load_quantized: quantized tensors with no nn.Linear of that name in the "
                          f"model: {leftover[:5]}")
     result = model.load_state_dict(state, strict=False)
-    if strict and (result.missing_keys or result.unexpected_keys):
+    replaced = tuple(f"{name}." for name, _ in targets)  # their buffers were set from the layer
+    missing = [k for k in result.missing_keys if not k.startswith(replaced)]
+    if strict and (missing or result.unexpected_keys):
         raise ValueError(f"load_quantized: the checkpoint does not match the model: missing "
-                         f"{result.missing_keys[:8]}, unexpected {result.unexpected_keys[:8]}")
+                         f"{missing[:8]}, unexpected {result.unexpected_keys[:8]}")
     model.w4kernels_quantization = spec
     return model
 
