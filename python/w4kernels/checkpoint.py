@@ -87,6 +87,12 @@ def parse_quantization_config(config) -> QuantizationSpec:
             key = "checkpoint_format" if config.get("checkpoint_format") else "format"
             raise _field_error(key, fmt, "gptq (AutoGPTQ, qzeros = zero - 1) or gptq_v2 "
                                          "(GPTQModel, qzeros = zero)")
+        if config.get("is_marlin_format"):
+            raise _field_error("is_marlin_format", config["is_marlin_format"],
+                               "checkpoints in the GPTQ packing; a Marlin-format export is not")
+        pack_dtype = config.get("pack_dtype", "int32")
+        if str(pack_dtype).replace("torch.", "") != "int32":
+            raise _field_error("pack_dtype", pack_dtype, "int32 packing")
         return QuantizationSpec("gptq", 4, group_size, bool(config.get("desc_act", False)),
                                 bool(config.get("sym", True)), str(fmt).lower())
     version = str(config.get("version", "gemm")).lower()
@@ -101,16 +107,31 @@ def parse_quantization_config(config) -> QuantizationSpec:
                                                         or []))
 
 
+def _checkpoint_files(directory: str) -> list:
+    """The weight files of a checkpoint directory, as transformers picks them: those named by
+    ``model.safetensors.index.json`` (sharded), else ``model*.safetensors``, else every
+    ``*.safetensors``."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as fh:
+            names = sorted(set(json.load(fh)["weight_map"].values()))
+        return [os.path.join(directory, n) for n in names]
+    every = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    model = [f for f in every if f.startswith("model")]
+    return [os.path.join(directory, f) for f in (model or every)]
+
+
 def read_checkpoint(path: str):
-    """(state dict of every tensor, the quantization_config dict or None) from a directory of
-    ``*.safetensors`` files (with ``config.json`` / ``quantize_config.json``) or one file."""
+    """(state dict of every tensor, the quantization_config dict or None) from a checkpoint
+    directory (weight files as :func:`_checkpoint_files` picks them, ``config.json`` /
+    ``quantize_config.json``) or one ``.safetensors`` file."""
     from safetensors.torch import load_file
 
     if os.path.isfile(path):
         files, directory = [path], os.path.dirname(path)
     elif os.path.isdir(path):
         directory = path
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        files = _checkpoint_files(path)
         if not files:
             raise FileNotFoundError(f"read_checkpoint: no *.safetensors file in {path}")
     else:
