@@ -5,8 +5,8 @@ timed in the same run on the best device (CUDA if present, else the CPU).
 For each variant it prints the median over ``--repeats`` of a greedy ``generate`` of
 ``--new`` tokens after a ``--prompt``-token prompt (batch ``--batch``), as tokens/s (new
 tokens / wall time, prefill included), and the ratio against dense bf16 and dense fp32 of the
-same run. The default model (hidden 2048, 4 layers, MLP 5632: 176 M decoder weights, 88 MB at
-4 bits, 352 MB in bf16) streams well past the 32 MiB L3 on every step, so decode is weight
+same run. The default model (hidden 2048, 4 layers, MLP 5632: 180 M decoder weights, 90 MB at
+4 bits, 360 MB in bf16) streams well past the 32 MiB L3 on every step, so decode is weight
 bandwidth bound as in a real model. ``lm_head``, embeddings, norms and attention stay in the
 model's dtype in every variant.
 

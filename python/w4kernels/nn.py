@@ -13,8 +13,8 @@ dtype) happens once there; ``forward`` only calls the op.
 
 **Devices.** Each forward calls the op on the device of its tensors: on CUDA the GPU kernel, on
 the CPU the C++ CPU kernel (AVX-512/AVX2 with a scalar fallback). The ops choose their own
-path by M where it pays (``awq_gemm`` switches to dequantize + matmul from M = 256, on CPU and
-GPU); ``w4a16_gemm`` and ``dyn_quant_matmul_4bit`` use their kernel at every M.
+path by M where it pays: on CUDA ``awq_gemm`` switches to dequantize + matmul from M = 256
+(``W4K_AWQ_DEQUANT_THRESHOLD``); every other case runs the op's kernel at every M.
 ``module.to(device)`` moves every buffer, the Marlin workspace included.
 
 **state_dict.** It holds the tensors the module computes with, registered as buffers (never
