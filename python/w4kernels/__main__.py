@@ -1,4 +1,6 @@
-"""``python -m w4kernels demo``: quantize one LLM-sized Linear layer and run every operator.
+"""``python -m w4kernels demo`` / ``layout``: the command line.
+
+``demo``: quantize one LLM-sized Linear layer and run every operator.
 
 The layer (default 4096 -> 11008, an MLP up-projection of a 7B model) is quantized to GPTQ
 (act-order, group 128) and AWQ (group 128), both are converted to Marlin, and every operator
@@ -6,6 +8,11 @@ runs on the best device available. For each, the table gives the error against t
 reference of the same quantized weights (the kernel's own error), the error against the
 unquantized float layer (what quantization costs), and the median time next to a dense
 ``torch.matmul`` on the same device.
+
+``layout marlin|awq|kleidiai``: where element (k, n) of a K x N weight lands in that packed
+format (word, nibble) and which lane of which mma fragment consumes it, from the reference's own
+index functions (:mod:`w4kernels.layout`); ``--map`` prints the lane map of one tile window,
+``--png`` draws it (matplotlib, optional).
 """
 
 import argparse
@@ -166,9 +173,73 @@ def _check_demo_args(parser, args):
         parser.error(f"--repeats {args.repeats}: must be at least 1")
 
 
+def _element(text):
+    """``--at K,N`` -> (k, n)."""
+    try:
+        k, n = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected k,n (two integers, e.g. 17,130)")
+    return k, n
+
+
+def layout(args, parser):
+    from w4kernels import layout as lay
+
+    kw = {}
+    if args.format == "kleidiai":
+        kw = {"bl": args.bl, "nr": args.nr, "kr": args.kr, "sr": args.sr}
+    elif args.bl or (args.nr, args.kr, args.sr) != (8, 16, 2):
+        parser.error(f"--bl, --nr, --kr and --sr describe the KleidiAI packing; {args.format} "
+                     f"has no such parameters")
+    try:
+        locations = [lay.locate(args.format, k, n, args.k, args.n, **kw) for k, n in args.at]
+        window = None
+        if args.map or args.png:
+            window = lay.tile_map(args.format, args.k, args.n, *args.origin, **kw)
+    except ValueError as e:
+        parser.error(str(e))
+    title = {"marlin": f"Marlin, K x N = {args.k} x {args.n}",
+             "awq": f"AutoAWQ GEMM, K x N = {args.k} x {args.n}",
+             "kleidiai": (f"KleidiAI {'qsi4c32p, bl = ' + str(args.bl) if args.bl else 'qsi4cxp'}"
+                          f", N x K = {args.n} x {args.k}, nr = {args.nr}, kr = {args.kr}, "
+                          f"sr = {args.sr}")}[args.format]
+    print(f"layout: {title}")
+    for loc in locations:
+        print(lay.describe(loc))
+    if window is not None and args.map:
+        print(lay.format_map(args.format, window))
+    if window is not None and args.png:
+        try:
+            lay.draw_map(args.format, window, args.png, title)
+        except ImportError:
+            print("python -m w4kernels layout: --png needs matplotlib, which is not installed "
+                  "(pip install matplotlib); the text output (--at, --map) does not",
+                  file=sys.stderr)
+            return 1
+        print(f"wrote {args.png}")
+    return 0
+
+
 def main(argv=None):
     parser = _Parser(prog="python -m w4kernels")
     sub = parser.add_subparsers(dest="command", required=True)
+    lp = sub.add_parser("layout", help="where element (k, n) lands in a packed format, and the "
+                                       "lane and mma fragment that consume it")
+    lp.add_argument("format", choices=["marlin", "awq", "kleidiai"])
+    lp.add_argument("--k", type=int, default=128, help="K, in_features (default 128)")
+    lp.add_argument("--n", type=int, default=128, help="N, out_features (default 128)")
+    lp.add_argument("--at", type=_element, action="append", default=[], metavar="K,N",
+                    help="element to locate (repeatable)")
+    lp.add_argument("--map", action="store_true",
+                    help="print the lane map (KleidiAI: byte map) of one tile window")
+    lp.add_argument("--origin", type=_element, default=(0, 0), metavar="K,N",
+                    help="first element of the --map / --png window (default 0,0)")
+    lp.add_argument("--png", metavar="PATH", help="draw the window's tile map (needs matplotlib)")
+    lp.add_argument("--bl", type=int, default=0,
+                    help="KleidiAI block length: 0 = per-channel qsi4cxp (default), else qsi4c32p")
+    lp.add_argument("--nr", type=int, default=8, help="KleidiAI nr (default 8)")
+    lp.add_argument("--kr", type=int, default=16, help="KleidiAI kr (default 16)")
+    lp.add_argument("--sr", type=int, default=2, help="KleidiAI sr (default 2)")
     d = sub.add_parser("demo", help="quantize an LLM-sized Linear layer and run every operator")
     d.add_argument("--m", type=int, default=16, help="tokens (activation rows)")
     d.add_argument("--k", type=int, default=4096, help="in_features (a multiple of 128)")
@@ -177,6 +248,10 @@ def main(argv=None):
                    default="bf16", help="activation dtype (float16 / bfloat16 accepted)")
     d.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.command == "layout":
+        if not (args.at or args.map or args.png):
+            args.at = [(0, 0)]
+        return layout(args, lp)
     _check_demo_args(d, args)
     return demo(args)
 

@@ -110,10 +110,19 @@ def marlin_weight_perm() -> torch.Tensor:
     return perm
 
 
+def marlin_tile_rows(q: torch.Tensor) -> torch.Tensor:
+    """``[K, N]`` (any dtype) -> ``[K/16, 16N]``, the values of Marlin row ``k // 16`` before the
+    chunk permutation: 16x16 tiles ``(kt, 0), (kt, 1), ...`` each flattened row-major, i.e.
+    ``(k, n)`` at position ``(n // 16) * 256 + (k % 16) * 16 + n % 16``. Shared by
+    :func:`marlin_pack` and :mod:`w4kernels.layout`."""
+    k, n = q.shape
+    return q.reshape(k // 16, 16, n // 16, 16).permute(0, 2, 1, 3).reshape(k // 16, n * 16)
+
+
 def marlin_pack(q: torch.Tensor) -> torch.Tensor:
     """uint4 codes ``[K, N]`` (K % 16 == 0, K*N % 1024 == 0) -> Marlin int32 ``[K/16, 2N]``."""
     k, n = q.shape
-    tiles = q.reshape(k // 16, 16, n // 16, 16).permute(0, 2, 1, 3).reshape(k // 16, n * 16)
+    tiles = marlin_tile_rows(q)
     permuted = tiles.reshape(-1, 1024)[:, marlin_weight_perm()].reshape(k // 16, n * 16)
     return pack_cols(permuted)
 
