@@ -42,11 +42,12 @@ CONFIGS = {
 }
 
 
-def small_llama(seed=0):
+def small_llama(seed=0, tie_word_embeddings=False):
     # head_dim 64; every projection's N is a multiple of 64 (Marlin) and K of 64 (the groups).
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
                                    num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=1, max_position_embeddings=64)
+                                   num_key_value_heads=1, max_position_embeddings=64,
+                                   tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
@@ -133,3 +134,22 @@ def test_save_and_load_round_trip(dense_model, tmp_path):
     again.load_state_dict(load_file(path))
     with torch.no_grad():
         assert torch.equal(again(ids).logits, q(ids).logits)
+
+
+def test_tied_embeddings_are_saved_once_and_reloaded(tmp_path):
+    """A model whose lm_head shares the embedding (tie_word_embeddings) is saved with one copy,
+    as transformers saves it, and the loader accepts the tied name as loaded."""
+    from safetensors.torch import load_file
+
+    q = small_llama(seed=4, tie_word_embeddings=True)
+    assert q.lm_head.weight is q.model.embed_tokens.weight
+    w4kernels.quantize_(q, CONFIGS["awq"][0], filter_fn=decoder_linear)
+    w4kernels.save_quantized(q, str(tmp_path))
+    saved = load_file(os.path.join(tmp_path, "model.safetensors"))
+    assert ("lm_head.weight" in saved) != ("model.embed_tokens.weight" in saved)
+    fresh = small_llama(seed=5, tie_word_embeddings=True)
+    w4kernels.load_quantized(fresh, str(tmp_path), kernel="awq")
+    assert fresh.lm_head.weight is fresh.model.embed_tokens.weight
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, q(ids).logits)

@@ -234,12 +234,22 @@ def load_quantized(model: nn.Module, checkpoint: Union[str, dict], quantization_
                          f"model: {leftover[:5]}")
     result = model.load_state_dict(state, strict=False)
     replaced = tuple(f"{name}." for name, _ in targets)  # their buffers were set from the layer
-    missing = [k for k in result.missing_keys if not k.startswith(replaced)]
+    loaded = set(state)
+    missing = [k for k in result.missing_keys
+               if not k.startswith(replaced) and not (_aliases(model, k) & loaded)]
     if strict and (missing or result.unexpected_keys):
         raise ValueError(f"load_quantized: the checkpoint does not match the model: missing "
                          f"{missing[:8]}, unexpected {result.unexpected_keys[:8]}")
     model.w4kernels_quantization = spec
     return model
+
+
+def _aliases(model: nn.Module, key: str) -> set:
+    """The other names of the tensor ``key`` (tied weights: a checkpoint stores one of them,
+    e.g. ``embed_tokens.weight`` for a tied ``lm_head.weight``)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    t = tensors.get(key)
+    return set() if t is None else {k for k, v in tensors.items() if v is t and k != key}
 
 
 def _infer_spec(model: nn.Module) -> QuantizationSpec:
@@ -302,10 +312,11 @@ def save_quantized(model: nn.Module, directory: str, quantization_config=None) -
         spec = getattr(model, "w4kernels_quantization", None) or _infer_spec(model)
     state = quantized_state_dict(model, spec)
     seen = set()
-    for k, v in state.items():  # safetensors refuses tensors sharing memory (tied weights)
-        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+    for k in list(state):  # tied weights: stored once, as transformers does (safetensors
+        v = state[k]       # refuses tensors sharing memory); load_quantized re-ties them
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype)
         if v.numel() and key in seen:
-            state[k] = v.clone()
+            del state[k]
         seen.add(key)
     os.makedirs(directory, exist_ok=True)
     save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
