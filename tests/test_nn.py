@@ -355,3 +355,44 @@ def test_extra_repr():
                        "zero_points=True, act_order=True, dtype=torch.bfloat16)")
     assert "group_size=32" in repr(wnn.KleidiAILinear(64, 8, False, 32))
     assert "dtype=torch.float16" in repr(wnn.AWQLinear(128, 64, False, 64))
+
+
+# ---- the GPU kernels on the modules' tensors ------------------------------------------------
+
+
+SIMT_CASES = [GPTQ_CASES[2], GPTQ_CASES[4], GPTQ_CASES[5], GPTQ_CASES[7]]
+
+
+@pytest.mark.parametrize("backend", ["simt", "cuda"])
+@pytest.mark.parametrize("case", SIMT_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_gpu_kernels_on_module_tensors(case, backend):
+    """On CUDA a MarlinLinear calls the GPU kernel with the tensors it built: run that kernel
+    on them (under the SIMT emulator here; on a real GPU where there is one) for act-order,
+    zero points, per channel and the K shard (is_k_full=False)."""
+    from conftest import backend_or_skip
+
+    b = backend_or_skip(backend, "w4a16_gemm")
+    size_k, size_n, gs, act, sym, fmt = case
+    t, w = gptq_layer(size_k, size_n, gs, act, sym, torch.float16, fmt)
+    m = wnn.MarlinLinear.from_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], t["bias"],
+                                   4, gs, act, sym, fmt).to(b.device)
+    x = _x((5, size_k), torch.float16).to(b.device)
+    if backend == "cuda":
+        out = m(x)
+    else:
+        out = b.op("w4a16_gemm")(x, m.qweight, m.scales, m.qzeros, m.g_idx, m.perm, m.workspace,
+                                 4, 5, size_n, size_k, m.is_k_full, m.bias, True)
+    ref = x.cpu().double() @ w + t["bias"].double()
+    assert_gemm_close(out.cpu(), ref, x.cpu(), w)
+
+
+@pytest.mark.parametrize("backend", ["simt", "cuda"])
+def test_gpu_awq_kernel_on_awq_linear_tensors(backend):
+    from conftest import backend_or_skip
+
+    b = backend_or_skip(backend, "awq_gemm")
+    t, w = awq_layer(256, 128, 64, torch.float16, bias=False)
+    m = wnn.AWQLinear.from_awq(t["qweight"], t["qzeros"], t["scales"], None, 64).to(b.device)
+    x = _x((3, 256), torch.float16).to(b.device)
+    out = m(x) if backend == "cuda" else b.op("awq_gemm")(x, m.qweight, m.scales, m.qzeros, 8)
+    assert_gemm_close(out.cpu(), x.cpu().double() @ w, x.cpu(), w)
