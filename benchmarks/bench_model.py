@@ -34,8 +34,9 @@ def build(args):
 
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
                       intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-                      num_attention_heads=args.hidden // 128, num_key_value_heads=max(
-                          1, args.hidden // 512), max_position_embeddings=args.prompt + args.new + 8)
+                      num_attention_heads=args.hidden // 128,
+                      num_key_value_heads=max(1, args.hidden // 512),
+                      max_position_embeddings=args.prompt + args.new + 8)
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).eval()
 

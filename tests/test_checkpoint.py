@@ -188,7 +188,8 @@ def test_mismatches_are_errors(tmp_path):
     with pytest.raises(ValueError, match="no quantization_config"):
         w4kernels.load_quantized(_Model(), state)
     extra = dict(state, **{"other.qweight": state["proj.qweight"]})
-    with pytest.raises(ValueError, match="no nn.Linear of that name in the model: \\['other.qweight'\\]"):
+    with pytest.raises(ValueError,
+                       match="no nn.Linear of that name in the model: \\['other.qweight'\\]"):
         w4kernels.load_quantized(_Model(), extra, qconfig)
     missing = {k: v for k, v in state.items() if k != "norm.bias"}
     with pytest.raises(ValueError, match="missing \\['norm.bias'\\]"):

@@ -19,7 +19,6 @@ import torch
 
 import w4kernels
 from numerics import gemm_error_bound
-from w4kernels import nn as wnn
 from w4kernels import reference
 
 safetensors_torch = pytest.importorskip(

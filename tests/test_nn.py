@@ -15,7 +15,7 @@ import torch
 
 import w4kernels
 from layer_tensors import awq_layer, gptq_layer
-from numerics import UNIT_ROUNDOFF, assert_gemm_close, gemm_error_bound
+from numerics import assert_gemm_close, gemm_error_bound
 from w4kernels import nn as wnn
 from w4kernels import ops, quant, reference
 

@@ -311,8 +311,9 @@ class MarlinLinear(nn.Module):
         s, z = self._natural_scales_zeros()
         if z is None:
             z = torch.full(tuple(s.shape), 8, dtype=torch.int32)
-        out = dict(qweight=reference.pack_rows(q), qzeros=quant.pack_gptq_qzeros(z, checkpoint_format),
-                   scales=s, g_idx=groups.to(torch.int32))
+        out = dict(qweight=reference.pack_rows(q),
+                   qzeros=quant.pack_gptq_qzeros(z, checkpoint_format), scales=s,
+                   g_idx=groups.to(torch.int32))
         if self.bias is not None:
             out["bias"] = self.bias.cpu()
         return out
@@ -388,7 +389,8 @@ def _check_awq_tensors(where, qweight, qzeros, scales, group_size):
     if scales.dim() != 2 or tuple(scales.shape) != (groups, size_n):
         raise ValueError(f"{where}: scales must be [G, N] = [{groups}, {size_n}] (K = {size_k}, "
                          f"group_size = {group_size}), got {list(scales.shape)}")
-    if qzeros is None or qzeros.dtype != torch.int32 or tuple(qzeros.shape) != (groups, size_n // 8):
+    if (qzeros is None or qzeros.dtype != torch.int32
+            or tuple(qzeros.shape) != (groups, size_n // 8)):
         got = None if qzeros is None else f"{qzeros.dtype} {list(qzeros.shape)}"
         raise ValueError(f"{where}: qzeros must be int32 [G, N/8] = [{groups}, {size_n // 8}], "
                          f"got {got}")

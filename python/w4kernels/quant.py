@@ -308,7 +308,8 @@ def gptq_from_checkpoint(qweight: torch.Tensor, qzeros: Optional[torch.Tensor],
     if group_size != -1 and group_size <= 0:
         raise ValueError(f"{where}: group_size must be -1 or positive, got {group_size}")
     groups = 1 if group_size == -1 else -(-size_k // group_size)
-    if scales.dim() != 2 or tuple(scales.shape) != (groups, size_n) or not scales.is_floating_point():
+    if (scales.dim() != 2 or tuple(scales.shape) != (groups, size_n)
+            or not scales.is_floating_point()):
         raise ValueError(f"{where}: scales must be float [G, N] = [{groups}, {size_n}] (K = "
                          f"{size_k}, group_size = {group_size}), got {scales.dtype} "
                          f"{list(scales.shape)}")
