@@ -4,7 +4,7 @@ layers, their state_dict round trips, dtype policy, errors, and quantize_.
 Reference: tests/layer_tensors.py makes checkpoint tensors from random codes with explicit
 shifts and the float64 weight they mean; outputs are checked with numerics.assert_gemm_close
 (fp32 accumulation bound plus one rounding of the output; AWQLinear adds its bias after the
-op's rounding, one more rounding, so its bound is doubled).
+op's rounding, so its bound has one more rounding of the result).
 """
 
 import io
@@ -15,7 +15,7 @@ import torch
 
 import w4kernels
 from layer_tensors import awq_layer, gptq_layer
-from numerics import assert_gemm_close, gemm_error_bound
+from numerics import UNIT_ROUNDOFF, assert_gemm_close, gemm_error_bound
 from w4kernels import nn as wnn
 from w4kernels import ops, quant, reference
 
@@ -24,15 +24,19 @@ def _x(shape, dtype, seed=1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-def _check(module, x, w, bias, bound_scale=1.0):
-    """module(x) against x @ w (+ bias) in float64, x [..., K] -> [..., N]."""
+def _check(module, x, w, bias, bias_after_rounding=False):
+    """module(x) against x @ w (+ bias) in float64, x [..., K] -> [..., N]. With
+    ``bias_after_rounding`` (AWQLinear: the op rounds x @ w, then the bias is added and the sum
+    rounded again) the bound is that of x @ w plus one more rounding of the result."""
     out = module(x)
     assert out.shape == (*x.shape[:-1], w.shape[1]) and out.dtype == x.dtype
     x2 = x.reshape(-1, x.shape[-1])
-    ref = x2.double() @ w
-    if bias is not None:
-        ref = ref + bias.double()
-    bound = bound_scale * gemm_error_bound(x2, w, ref, out.dtype)
+    acc = x2.double() @ w
+    ref = acc if bias is None else acc + bias.double()
+    if bias_after_rounding:
+        bound = gemm_error_bound(x2, w, acc, out.dtype) + UNIT_ROUNDOFF[out.dtype] * ref.abs()
+    else:
+        bound = gemm_error_bound(x2, w, ref, out.dtype)
     err = (out.reshape(-1, w.shape[1]).double() - ref).abs()
     assert (err <= bound).all(), f"error exceeds the bound by {(err / bound).max():.3g}x"
 
@@ -76,11 +80,11 @@ def test_marlin_from_awq(case):
 def test_awq_linear_from_awq_and_gptq():
     t, w = awq_layer(256, 128, 64, torch.float16)
     m = wnn.AWQLinear.from_awq(t["qweight"], t["qzeros"], t["scales"], t["bias"], 64)
-    _check(m, _x((3, 4, 256), torch.float16), w, t["bias"], bound_scale=2.0)
+    _check(m, _x((3, 4, 256), torch.float16), w, t["bias"], bias_after_rounding=True)
     t, w = gptq_layer(256, 128, 64, False, False, torch.bfloat16, "gptq_v2")
     m = wnn.AWQLinear.from_gptq(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], t["bias"],
                                 4, 64, False, False, "gptq_v2")
-    _check(m, _x((5, 256), torch.bfloat16), w, t["bias"], bound_scale=2.0)
+    _check(m, _x((5, 256), torch.bfloat16), w, t["bias"], bias_after_rounding=True)
 
 
 @pytest.mark.parametrize("gs", [-1, 64])
@@ -208,7 +212,7 @@ def test_awq_linear_loads_an_autoawq_state_dict_into_bf16():
     torch.testing.assert_close(m.scales, t["scales"].to(torch.bfloat16), rtol=0, atol=0)
     x = _x((2, 256), torch.bfloat16)
     w_bf16 = reference.awq_dequantize(m.qweight, m.scales, m.qzeros).double()
-    _check(m, x, w_bf16, m.bias, bound_scale=2.0)
+    _check(m, x, w_bf16, m.bias, bias_after_rounding=True)
 
 
 # ---- dtype policy --------------------------------------------------------------------------
@@ -396,3 +400,14 @@ def test_gpu_awq_kernel_on_awq_linear_tensors(backend):
     x = _x((3, 256), torch.float16).to(b.device)
     out = m(x) if backend == "cuda" else b.op("awq_gemm")(x, m.qweight, m.scales, m.qzeros, 8)
     assert_gemm_close(out.cpu(), x.cpu().double() @ w, x.cpu(), w)
+
+
+@pytest.mark.parametrize("rows", [1, 127, 128, 200])
+def test_awq_linear_cpu_paths_by_m(rows):
+    """Below AWQLinear.cpu_dequant_threshold rows the CPU runs awq_gemm, from it on
+    awq_dequantize + torch.matmul: both within the bound of the same float64 reference (the
+    weight rounded once to the dtype, fp32 sums, bias added after the rounding)."""
+    t, w = awq_layer(128, 64, 32, torch.bfloat16)
+    m = wnn.AWQLinear.from_awq(t["qweight"], t["qzeros"], t["scales"], t["bias"], 32)
+    assert m.cpu_dequant_threshold == 128
+    _check(m, _x((rows, 128), torch.bfloat16), w, t["bias"], bias_after_rounding=True)
