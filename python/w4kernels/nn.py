@@ -212,7 +212,7 @@ class MarlinLinear(nn.Module):
             desc_act: the checkpoint's flag; True requires ``g_idx``.
             sym: the checkpoint's flag; with ``sym=True`` every zero point must be 8 (a
                 mismatch usually means the wrong ``checkpoint_format``, which is an error).
-            dtype: compute dtype; default the scales' if 16-bit, else float16.
+            dtype: compute dtype; default the scales' if 16-bit, else bfloat16.
 
         The layer takes the row groups from ``g_idx`` whatever ``desc_act`` says (a
         ``g_idx`` equal to ``k // group_size`` is the plain grouped layer).
@@ -253,7 +253,7 @@ class MarlinLinear(nn.Module):
             qzeros: int32 ``[G, N/8]``, packed like qweight (zero points as stored).
             scales: ``[G, N]``, natural column order. bias: ``[N]`` or None.
             group_size: -1 or > 0 (G = ceil(K / group_size)).
-            dtype: compute dtype; default the scales' if 16-bit, else float16.
+            dtype: compute dtype; default the scales' if 16-bit, else bfloat16.
         """
         where = "MarlinLinear.from_awq"
         size_k, size_n = _check_awq_tensors(where, qweight, qzeros, scales, group_size)
