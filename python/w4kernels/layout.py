@@ -111,7 +111,8 @@ def marlin_location(k: int, n: int, size_k: int, size_n: int) -> Location:
     consumer["lane_from_fragment"] = frag.pop("lane")
     consumer["n8_half"] = (nibble // 2) % 2
     notes = [f"source GPTQ qweight[{k // 8}, {n}] nibble {k % 8} (without act-order; with it, "
-             f"Marlin row r holds GPTQ row perm[r])"]
+             f"Marlin row r holds GPTQ row perm[r]), or AutoAWQ qweight[{k}, {n // 8}] nibble "
+             f"{reference.AWQ_NIBBLE[n % 8]}"]
     return Location("marlin", k, n, "b_q_weight", (size_k // 16, 2 * size_n), word, nibble,
                     "uint4 code (GPTQ: value + 8; AWQ: q, with its zero point apart)", consumer,
                     notes)
