@@ -121,3 +121,25 @@ def test_unservable_fixture_kernels_are_errors():
             with pytest.raises(ValueError, match=f"layer '{entry['prefix']}'"):
                 w4kernels.load_quantized(model_for(entry), os.path.join(HERE, name),
                                          kernel=kernel)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in INDEX.items() if e["tool"] != "autoawq"))
+def test_gptq_qzeros_helpers_on_the_tools_checkpoints(name):
+    """quant.unpack_gptq_qzeros, in the convention the fixture's config names, gives the zero
+    points with which (q - z) * s is the tool's own dequantized weight, bit for bit (fp16), and
+    pack_gptq_qzeros gives the tool's qzeros back."""
+    from w4kernels import checkpoint, quant
+
+    entry = INDEX[name]
+    folder = os.path.join(HERE, name)
+    with open(os.path.join(folder, "config.json")) as fh:
+        spec = checkpoint.parse_quantization_config(json.load(fh)["quantization_config"])
+    t = safetensors_torch.load_file(os.path.join(folder, "model.safetensors"))
+    p = entry["prefix"] + "."
+    k, n = entry["in_features"], entry["out_features"]
+    zeros = quant.unpack_gptq_qzeros(t[p + "qzeros"], n, spec.checkpoint_format)
+    g = t[p + "g_idx"].long()
+    q = reference.unpack_rows(t[p + "qweight"], k)
+    w = ((q - zeros[g]).float() * t[p + "scales"].float()[g]).half()
+    assert torch.equal(w.T, reference_of(name)["dequantized_weight"])
+    assert torch.equal(quant.pack_gptq_qzeros(zeros, spec.checkpoint_format), t[p + "qzeros"])
