@@ -6,6 +6,10 @@ is available, and registers the fake (meta) implementations used by ``torch.comp
 * :mod:`w4kernels.ops`: typed, documented wrappers of every operator.
 * :mod:`w4kernels.reference`: every operator in plain torch, the executable spec.
 * :mod:`w4kernels.quant`: quantizers and packers that make real checkpoint tensors.
+* :mod:`w4kernels.nn`: quantized Linear modules (``MarlinLinear``, ``AWQLinear``,
+  ``KleidiAILinear``) and :func:`quantize_` (swap a model's Linear layers for them).
+* :mod:`w4kernels.checkpoint`: load and save GPTQ / AWQ checkpoints (safetensors +
+  ``quantization_config``) into a model.
 * :mod:`w4kernels.vllm`: vLLM's ``_custom_ops`` signatures for the ops we implement
   (``from w4kernels import vllm as ops`` in place of ``from vllm import _custom_ops as ops``).
 """
@@ -32,8 +36,14 @@ except ImportError:
     HAS_SIMT = False
 
 from . import ops, quant, reference, vllm  # noqa: E402,F401  (ops registers fakes for both namespaces)
+from . import checkpoint, nn  # noqa: E402,F401
+from .checkpoint import load_quantized, save_quantized  # noqa: E402,F401
+from .nn import (AWQConfig, AWQMarlinConfig, GPTQMarlinConfig, KleidiAIConfig,  # noqa: E402,F401
+                 quantize_)
 
-__all__ = ["ops", "quant", "reference", "vllm", "build_info", "HAS_SIMT"]
+__all__ = ["ops", "quant", "reference", "vllm", "nn", "checkpoint", "quantize_",
+           "load_quantized", "save_quantized", "GPTQMarlinConfig", "AWQMarlinConfig",
+           "AWQConfig", "KleidiAIConfig", "build_info", "HAS_SIMT"]
 
 
 def _has_kernel(op: str, key: str) -> bool:
