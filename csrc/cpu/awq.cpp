@@ -167,20 +167,27 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // depend on the thread count.
 template <awq_cpu::Dtype D>
 void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
-  const bool simd = cpu_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16");
-  const int64_t chunk_cols = awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
+  const bool simd = cpu_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
+                    __builtin_cpu_supports("avx512vbmi");
+  const bool lut = awq_cpu::lut_path_applies(D, pb.size_m, pb.size_k, pb.size_k / pb.groups);
+  const int64_t chunk_cols = lut ? 8 * awq_cpu::kLutLineWords * awq_cpu::kLutLines : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
   const int64_t chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     float* scratch = nullptr;
     if (simd) {
-      const size_t bytes = (awq_cpu::scratch_floats(pb.size_m) * sizeof(float) + 63) / 64 * 64;
-      scratch = static_cast<float*>(std::aligned_alloc(64, bytes));
+      const int64_t floats = lut ? awq_cpu::lut_scratch_floats(pb.size_m)
+                                 : awq_cpu::scratch_floats(pb.size_m);
+      scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
     }
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
-      if (simd)
+      if (lut && simd)
+        awq_cpu::chunk_lut_any(pb, n0, n1, scratch);
+      else if (lut)
+        awq_cpu::chunk_lut_scalar(pb, n0, n1);
+      else if (simd)
         awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, scratch);
       else
         awq_cpu::chunk_scalar<D>(pb, n0, n1);

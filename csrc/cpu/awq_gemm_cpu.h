@@ -161,7 +161,7 @@ void chunk_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
 // ---- AVX-512 path ----------------------------------------------------------------------------
 
 #define W4K_AWQ_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,f16c,fma")))
 
 // Scales and (-z) * s of one group for one block, lane order.
 struct alignas(64) BlockParams {
@@ -394,6 +394,207 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
       for (int p = 0; p < kBlockN; ++p)
         if (lane_column(p) < ncols) o[lane_column(p)] = round_to<D>(a[p]);
     }
+  }
+}
+
+
+// ---- bf16 decode path (small M): K in lanes, weights looked up in per-group tables ----------
+//
+// For M <= kLutMaxM bf16 rows the per-element work above (convert, fma, round, pair) costs more
+// than streaming the weight. This path instead:
+//  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
+//    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
+//  * for byte b of word w, whose low nibble is column lo = 8w + kLaneCol[0][b] and high nibble
+//    column hi = 8w + kLaneCol[1][b], builds 32 indices (words 0..15: rows 0..15 of lo, words
+//    16..31: rows 0..15 of hi, + 16) with one vpermt2b from (T_w, T_w >> 4) and one vpternlogd;
+//  * looks the bf16 weights up with one vpermw in that pair's table of the group: entries
+//    0..15 = T(fma(v, s_lo, (-z_lo) s_lo)) for v = 0..15, entries 16..31 the same for hi;
+//  * multiplies with one vdpbf16ps against x[16t .. 16t+15] (bf16 pairs, in both halves).
+// Summation order (the portable path mirrors it): column n has 8 fp32 lane sums; lane j takes
+// rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; then
+// out = (((((((a0 + a1) + a2) + a3) + a4) + a5) + a6) + a7). Used when group_size and K are
+// multiples of 16 (tiles never straddle a group).
+constexpr int64_t kLutMaxM = 4;
+constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
+constexpr int64_t kLutStrip = 64;      // rows per strip (a multiple of 16; cut at groups)
+constexpr int64_t kLutLines = 8;       // lines per work item: 1024 columns
+
+inline bool lut_path_applies(Dtype d, int64_t size_m, int64_t size_k, int64_t group_size) {
+  return d == Dtype::kBFloat16 && size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
+}
+
+// Scratch floats of the LUT path per thread.
+inline int64_t lut_scratch_floats(int64_t size_m) {
+  return kLutLines * 64 * 16 * size_m   // lane sums: [line][m][pair][16 lanes]
+         + kLutLines * 64 * 16          // tables of one group: [line][pair][32 bf16]
+         + (kLutStrip / 16) * 16 * 16;  // transposed strip: [tile][word][16 rows]
+}
+
+// Portable mirror of the LUT path for columns [n_begin, n_end).
+inline void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
+  constexpr Dtype D = Dtype::kBFloat16;
+  const int64_t group_size = pb.size_k / pb.groups, words = pb.size_n / 8;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int shift = 4 * kAwqNibble[n % 8];
+    for (int64_t m = 0; m < pb.size_m; ++m) {
+      const uint16_t* xr = pb.x + m * pb.ldx;
+      float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t k0 = 0; k0 < pb.size_k; k0 += 16) {
+        const int64_t g = k0 / group_size;
+        const float s = to_float<D>(pb.scales[g * pb.size_n + n]);
+        const float z = static_cast<float>((static_cast<uint32_t>(pb.qzeros[g * words + n / 8]) >> shift) & 15);
+        for (int j = 0; j < 8; ++j)
+          for (int64_t k : {k0 + 2 * j + 1, k0 + 2 * j}) {
+            const float q = static_cast<float>((static_cast<uint32_t>(pb.qweight[k * words + n / 8]) >> shift) & 15);
+            const float w = to_float<D>(round_to<D>(std::fma(q, s, (-z) * s)));
+            lane[j] = std::fma(to_float<D>(xr[k]), w, lane[j]);
+          }
+      }
+      float acc = lane[0];
+      for (int j = 1; j < 8; ++j) acc += lane[j];
+      pb.out[m * pb.size_n + n] = round_to<D>(acc);
+    }
+  }
+}
+
+// 16 x 16 transpose of dwords: r[i] holds row i on entry and column i on exit.
+W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Now lane L of r[4a + c] holds rows 4a..4a+3 of column 4L + c; gather the four a's.
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);       // lanes 0,2 of each
+    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);   // lanes 1,3 of each
+    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xDD);
+  }
+}
+
+// Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 bf16 (lo: 0..15, hi: 16..31).
+W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t words, float* tab) {
+  const uint16_t* s = pb.scales + g * pb.size_n + n0;
+  const int32_t* qz = pb.qzeros + g * (pb.size_n / 8) + n0 / 8;
+  const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t w = 0; w < kLutLineWords; ++w) {
+    const uint32_t zw = w < words ? static_cast<uint32_t>(qz[w]) : 0u;
+    for (int b = 0; b < 4; ++b) {
+      __m512 e[2];
+      for (int h = 0; h < 2; ++h) {
+        const int col = kLaneCol[h][b];
+        const float sc = w < words ? bf16_to_float(s[8 * w + col]) : 0.0f;
+        const float z = static_cast<float>((zw >> (4 * kAwqNibble[col])) & 15);
+        e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc), _mm512_set1_ps((-z) * sc));
+      }
+      _mm512_store_si512(tab + (4 * w + b) * 16, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0])));
+    }
+  }
+}
+
+template <int MR>
+W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* scratch) {
+  const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
+  const int64_t words_all = (n1 - n0) / 8;
+  const int64_t lines = (words_all + kLutLineWords - 1) / kLutLineWords;
+  float* lanes = scratch;                          // [line][m][64 pairs][16]
+  float* tabs = lanes + kLutLines * 64 * 16 * MR;  // [line][64 pairs][16 dwords]
+  float* tbuf = tabs + kLutLines * 64 * 16;        // [tile][16 words][16 rows]
+  std::memset(lanes, 0, sizeof(float) * lines * 64 * 16 * MR);
+  alignas(64) int8_t bidx[4][64];
+  for (int b = 0; b < 4; ++b)
+    for (int r = 0; r < 32; ++r) {
+      bidx[b][2 * r] = static_cast<int8_t>(r < 16 ? 4 * r + b : 64 + 4 * (r - 16) + b);
+      bidx[b][2 * r + 1] = 0;
+    }
+  __m512i bsel[4];
+  for (int b = 0; b < 4; ++b) bsel[b] = _mm512_load_si512(bidx[b]);
+  const __m512i low4 = _mm512_set1_epi16(15);
+  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+  for (int64_t g = 0; g < pb.groups; ++g) {
+    for (int64_t l = 0; l < lines; ++l)
+      lut_tables(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
+                 tabs + l * 64 * 16);
+    // Rows outer, lines inner: each row's part of the chunk (up to 8 lines, contiguous) is
+    // read in one visit, so a 4 KiB page costs one TLB miss per chunk, not one per line.
+    for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
+      const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
+      for (int64_t l = 0; l < lines; ++l) {
+        const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
+        const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
+        const int32_t* qline = pb.qweight + n0 / 8 + 16 * l;
+        const float* tab = tabs + l * 64 * 16;
+        float* lane = lanes + l * 64 * 16 * MR;
+        for (int64_t t = 0; t < tiles; ++t) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i) {
+            const int32_t* row = qline + (k0 + 16 * t + i) * ldq;
+            _mm_prefetch(reinterpret_cast<const char*>(row + kLutStrip * ldq), _MM_HINT_T0);
+            r[i] = _mm512_maskz_loadu_epi32(wmask, row);
+          }
+          transpose16(r);
+          for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
+        }
+        for (int64_t w = 0; w < words; ++w) {
+          __m512 c[MR][4];
+          for (int m = 0; m < MR; ++m)
+            for (int b = 0; b < 4; ++b) c[m][b] = _mm512_load_ps(lane + (m * 64 + 4 * w + b) * 16);
+          __m512i tb[4];
+          for (int b = 0; b < 4; ++b) tb[b] = _mm512_load_si512(tab + (4 * w + b) * 16);
+          for (int64_t t = 0; t < tiles; ++t) {
+            const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+            const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+            __m512bh xv[MR];
+            for (int m = 0; m < MR; ++m)
+              xv[m] = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(pb.x + m * pb.ldx + k0 + 16 * t))));
+            for (int b = 0; b < 4; ++b) {
+              const __m512i idx = _mm512_ternarylogic_epi32(
+                  _mm512_permutex2var_epi8(tw, bsel[b], tw4), low4, upper, 0xEA);
+              const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, tb[b]));
+              for (int m = 0; m < MR; ++m) c[m][b] = _mm512_dpbf16_ps(c[m][b], xv[m], wv);
+            }
+          }
+          for (int m = 0; m < MR; ++m)
+            for (int b = 0; b < 4; ++b) _mm512_store_ps(lane + (m * 64 + 4 * w + b) * 16, c[m][b]);
+        }
+      }
+    }
+  }
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
+    for (int64_t m = 0; m < MR; ++m)
+      for (int64_t w = 0; w < words; ++w)
+        for (int b = 0; b < 4; ++b)
+          for (int h = 0; h < 2; ++h) {
+            const float* a = lanes + ((l * MR + m) * 64 + 4 * w + b) * 16 + 8 * h;
+            float acc = a[0];
+            for (int j = 1; j < 8; ++j) acc += a[j];
+            pb.out[m * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] =
+                round_to<Dtype::kBFloat16>(acc);
+          }
+  }
+}
+
+W4K_AWQ_AVX512 inline void chunk_lut_any(const Problem& pb, int64_t n0, int64_t n1, float* scratch) {
+  switch (pb.size_m) {
+    case 1: chunk_lut<1>(pb, n0, n1, scratch); break;
+    case 2: chunk_lut<2>(pb, n0, n1, scratch); break;
+    case 3: chunk_lut<3>(pb, n0, n1, scratch); break;
+    default: chunk_lut<4>(pb, n0, n1, scratch); break;
   }
 }
 
