@@ -486,22 +486,28 @@ W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
 }
 
 // Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 bf16 (lo: 0..15, hi: 16..31).
+// Scales and (-z) * s come from load_params (lane order: word w, byte b, half h of a 64-column
+// block is lane 16 (2 (w / 4) + h) + 4 (w % 4) + b), so the values are those of the other paths.
 W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t words, float* tab) {
-  const uint16_t* s = pb.scales + g * pb.size_n + n0;
-  const int32_t* qz = pb.qzeros + g * (pb.size_n / 8) + n0 / 8;
   const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t w = 0; w < kLutLineWords; ++w) {
-    const uint32_t zw = w < words ? static_cast<uint32_t>(qz[w]) : 0u;
-    for (int b = 0; b < 4; ++b) {
-      __m512 e[2];
-      for (int h = 0; h < 2; ++h) {
-        const int col = kLaneCol[h][b];
-        const float sc = w < words ? bf16_to_float(s[8 * w + col]) : 0.0f;
-        const float z = static_cast<float>((zw >> (4 * kAwqNibble[col])) & 15);
-        e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc), _mm512_set1_ps((-z) * sc));
-      }
-      _mm512_store_si512(tab + (4 * w + b) * 16, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0])));
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t bw = std::min<int64_t>(8, words - 8 * half);
+    if (bw <= 0) {
+      std::memset(tab + half * 32 * 16, 0, sizeof(float) * 32 * 16);
+      continue;
     }
+    BlockParams p;
+    load_params<Dtype::kBFloat16>(pb, g, n0 + 64 * half, bw, p);
+    for (int w = 0; w < 8; ++w)
+      for (int b = 0; b < 4; ++b) {
+        __m512 e[2];
+        for (int h = 0; h < 2; ++h) {
+          const int lane = 16 * (2 * (w / 4) + h) + 4 * (w % 4) + b;
+          e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(p.s[lane]), _mm512_set1_ps(p.zs[lane]));
+        }
+        _mm512_store_si512(tab + (4 * (8 * half + w) + b) * 16,
+                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0])));
+      }
   }
 }
 
