@@ -184,9 +184,9 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
       if (lut && simd)
-        awq_cpu::chunk_lut_any(pb, n0, n1, scratch);
+        awq_cpu::chunk_lut_any<D>(pb, xf, n0, n1, scratch);
       else if (lut)
-        awq_cpu::chunk_lut_scalar(pb, n0, n1);
+        awq_cpu::chunk_lut_scalar<D>(pb, n0, n1);
       else if (simd)
         awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, scratch);
       else

@@ -419,39 +419,46 @@ constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
 constexpr int64_t kLutStrip = 64;      // rows per strip (a multiple of 16; cut at groups)
 constexpr int64_t kLutLines = 8;       // lines per work item: 1024 columns
 
-inline bool lut_path_applies(Dtype d, int64_t size_m, int64_t size_k, int64_t group_size) {
-  return d == Dtype::kBFloat16 && size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
+inline bool lut_path_applies(Dtype, int64_t size_m, int64_t size_k, int64_t group_size) {
+  return size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
 }
 
 // Scratch floats of the LUT path per thread.
 inline int64_t lut_scratch_floats(int64_t size_m) {
-  return kLutLines * 64 * 16 * size_m   // lane sums: [line][m][pair][16 lanes]
+  return kLutLines * 64 * 32 * size_m   // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
          + kLutLines * 64 * 16          // tables of one group: [line][pair][32 bf16]
          + (kLutStrip / 16) * 16 * 16;  // transposed strip: [tile][word][16 rows]
 }
 
 // Portable mirror of the LUT path for columns [n_begin, n_end).
-inline void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
-  constexpr Dtype D = Dtype::kBFloat16;
+template <Dtype D>
+void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
+  constexpr int kLanes = D == Dtype::kBFloat16 ? 8 : 16;
   const int64_t group_size = pb.size_k / pb.groups, words = pb.size_n / 8;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int shift = 4 * kAwqNibble[n % 8];
     for (int64_t m = 0; m < pb.size_m; ++m) {
       const uint16_t* xr = pb.x + m * pb.ldx;
-      float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float lane[16] = {};
       for (int64_t k0 = 0; k0 < pb.size_k; k0 += 16) {
         const int64_t g = k0 / group_size;
         const float s = to_float<D>(pb.scales[g * pb.size_n + n]);
         const float z = static_cast<float>((static_cast<uint32_t>(pb.qzeros[g * words + n / 8]) >> shift) & 15);
-        for (int j = 0; j < 8; ++j)
-          for (int64_t k : {k0 + 2 * j + 1, k0 + 2 * j}) {
-            const float q = static_cast<float>((static_cast<uint32_t>(pb.qweight[k * words + n / 8]) >> shift) & 15);
-            const float w = to_float<D>(round_to<D>(std::fma(q, s, (-z) * s)));
-            lane[j] = std::fma(to_float<D>(xr[k]), w, lane[j]);
+        auto weight = [&](int64_t k) {
+          const float q = static_cast<float>((static_cast<uint32_t>(pb.qweight[k * words + n / 8]) >> shift) & 15);
+          return to_float<D>(round_to<D>(std::fma(q, s, (-z) * s)));
+        };
+        for (int j = 0; j < kLanes; ++j) {
+          if (D == Dtype::kBFloat16) {
+            for (int64_t k : {k0 + 2 * j + 1, k0 + 2 * j})
+              lane[j] = std::fma(to_float<D>(xr[k]), weight(k), lane[j]);
+          } else {
+            lane[j] = std::fma(to_float<D>(xr[k0 + j]), weight(k0 + j), lane[j]);
           }
+        }
       }
       float acc = lane[0];
-      for (int j = 1; j < 8; ++j) acc += lane[j];
+      for (int j = 1; j < kLanes; ++j) acc += lane[j];
       pb.out[m * pb.size_n + n] = round_to<D>(acc);
     }
   }
@@ -488,6 +495,7 @@ W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
 // Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 bf16 (lo: 0..15, hi: 16..31).
 // Scales and (-z) * s come from load_params (lane order: word w, byte b, half h of a 64-column
 // block is lane 16 (2 (w / 4) + h) + 4 (w % 4) + b), so the values are those of the other paths.
+template <Dtype D>
 W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t words, float* tab) {
   const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t half = 0; half < 2; ++half) {
@@ -497,7 +505,7 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
       continue;
     }
     BlockParams p;
-    load_params<Dtype::kBFloat16>(pb, g, n0 + 64 * half, bw, p);
+    load_params<D>(pb, g, n0 + 64 * half, bw, p);
     for (int w = 0; w < 8; ++w)
       for (int b = 0; b < 4; ++b) {
         __m512 e[2];
@@ -505,21 +513,32 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
           const int lane = 16 * (2 * (w / 4) + h) + 4 * (w % 4) + b;
           e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(p.s[lane]), _mm512_set1_ps(p.zs[lane]));
         }
-        _mm512_store_si512(tab + (4 * (8 * half + w) + b) * 16,
-                           reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0])));
+        __m512i t;
+        if constexpr (D == Dtype::kBFloat16) {
+          t = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0]));
+        } else {
+          constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+          t = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(e[0], kRne)),
+                                 _mm512_cvtps_ph(e[1], kRne), 1);
+        }
+        _mm512_store_si512(tab + (4 * (8 * half + w) + b) * 16, t);
       }
   }
 }
 
-template <int MR>
-W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* scratch) {
+// fp16: the looked-up halves are widened (vcvtph2ps) and multiplied by fp32 activations (xf):
+// lane j of a column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
+template <Dtype D, int MR>
+W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
+                              float* scratch) {
+  constexpr int64_t kLaneFloats = D == Dtype::kBFloat16 ? 16 : 32;  // per pair
   const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
   const int64_t words_all = (n1 - n0) / 8;
   const int64_t lines = (words_all + kLutLineWords - 1) / kLutLineWords;
-  float* lanes = scratch;                          // [line][m][64 pairs][16]
-  float* tabs = lanes + kLutLines * 64 * 16 * MR;  // [line][64 pairs][16 dwords]
+  float* lanes = scratch;                                   // [line][m][64 pairs][lanes]
+  float* tabs = lanes + kLutLines * 64 * kLaneFloats * MR;  // [line][64 pairs][16 dwords]
   float* tbuf = tabs + kLutLines * 64 * 16;        // [tile][16 words][16 rows]
-  std::memset(lanes, 0, sizeof(float) * lines * 64 * 16 * MR);
+  std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * MR);
   alignas(64) int8_t bidx[4][64];
   for (int b = 0; b < 4; ++b)
     for (int r = 0; r < 32; ++r) {
@@ -532,7 +551,7 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* 
   const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
   for (int64_t g = 0; g < pb.groups; ++g) {
     for (int64_t l = 0; l < lines; ++l)
-      lut_tables(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
+      lut_tables<D>(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
                  tabs + l * 64 * 16);
     // Rows outer, lines inner: each row's part of the chunk (up to 8 lines, contiguous) is
     // read in one visit, so a 4 KiB page costs one TLB miss per chunk, not one per line.
@@ -543,7 +562,7 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* 
         const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
         const int32_t* qline = pb.qweight + n0 / 8 + 16 * l;
         const float* tab = tabs + l * 64 * 16;
-        float* lane = lanes + l * 64 * 16 * MR;
+        float* lane = lanes + l * 64 * kLaneFloats * MR;
         for (int64_t t = 0; t < tiles; ++t) {
           __m512i r[16];
           for (int i = 0; i < 16; ++i) {
@@ -555,27 +574,57 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* 
           for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
         }
         for (int64_t w = 0; w < words; ++w) {
-          __m512 c[MR][4];
-          for (int m = 0; m < MR; ++m)
-            for (int b = 0; b < 4; ++b) c[m][b] = _mm512_load_ps(lane + (m * 64 + 4 * w + b) * 16);
-          __m512i tb[4];
-          for (int b = 0; b < 4; ++b) tb[b] = _mm512_load_si512(tab + (4 * w + b) * 16);
-          for (int64_t t = 0; t < tiles; ++t) {
-            const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
-            const __m512i tw4 = _mm512_srli_epi32(tw, 4);
-            __m512bh xv[MR];
+          if constexpr (D == Dtype::kBFloat16) {
+            __m512 c[MR][4];
             for (int m = 0; m < MR; ++m)
-              xv[m] = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                  reinterpret_cast<const __m256i*>(pb.x + m * pb.ldx + k0 + 16 * t))));
-            for (int b = 0; b < 4; ++b) {
-              const __m512i idx = _mm512_ternarylogic_epi32(
-                  _mm512_permutex2var_epi8(tw, bsel[b], tw4), low4, upper, 0xEA);
-              const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, tb[b]));
-              for (int m = 0; m < MR; ++m) c[m][b] = _mm512_dpbf16_ps(c[m][b], xv[m], wv);
+              for (int b = 0; b < 4; ++b) c[m][b] = _mm512_load_ps(lane + (m * 64 + 4 * w + b) * 16);
+            __m512i tb[4];
+            for (int b = 0; b < 4; ++b) tb[b] = _mm512_load_si512(tab + (4 * w + b) * 16);
+            for (int64_t t = 0; t < tiles; ++t) {
+              const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+              const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+              __m512bh xv[MR];
+              for (int m = 0; m < MR; ++m)
+                xv[m] = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    reinterpret_cast<const __m256i*>(pb.x + m * pb.ldx + k0 + 16 * t))));
+              for (int b = 0; b < 4; ++b) {
+                const __m512i idx = _mm512_ternarylogic_epi32(
+                    _mm512_permutex2var_epi8(tw, bsel[b], tw4), low4, upper, 0xEA);
+                const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, tb[b]));
+                for (int m = 0; m < MR; ++m) c[m][b] = _mm512_dpbf16_ps(c[m][b], xv[m], wv);
+              }
+            }
+            for (int m = 0; m < MR; ++m)
+              for (int b = 0; b < 4; ++b) _mm512_store_ps(lane + (m * 64 + 4 * w + b) * 16, c[m][b]);
+          } else {
+            for (int b0 = 0; b0 < 4; b0 += 2) {  // two pairs at a time: 4 MR accumulators
+              __m512 c[MR][4];                   // [m][2 (b - b0) + h]
+              for (int m = 0; m < MR; ++m)
+                for (int j = 0; j < 4; ++j)
+                  c[m][j] = _mm512_load_ps(lane + (m * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2));
+              const __m512i tb0 = _mm512_load_si512(tab + (4 * w + b0) * 16),
+                            tb1 = _mm512_load_si512(tab + (4 * w + b0 + 1) * 16);
+              for (int64_t t = 0; t < tiles; ++t) {
+                const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+                const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+                for (int bb = 0; bb < 2; ++bb) {
+                  const __m512i idx = _mm512_ternarylogic_epi32(
+                      _mm512_permutex2var_epi8(tw, bsel[b0 + bb], tw4), low4, upper, 0xEA);
+                  const __m512i wv = _mm512_permutexvar_epi16(idx, bb ? tb1 : tb0);
+                  const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+                  const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+                  for (int m = 0; m < MR; ++m) {
+                    const __m512 xv = _mm512_loadu_ps(xf + m * pb.size_k + k0 + 16 * t);
+                    c[m][2 * bb] = _mm512_fmadd_ps(xv, wlo, c[m][2 * bb]);
+                    c[m][2 * bb + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * bb + 1]);
+                  }
+                }
+              }
+              for (int m = 0; m < MR; ++m)
+                for (int j = 0; j < 4; ++j)
+                  _mm512_store_ps(lane + (m * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2), c[m][j]);
             }
           }
-          for (int m = 0; m < MR; ++m)
-            for (int b = 0; b < 4; ++b) _mm512_store_ps(lane + (m * 64 + 4 * w + b) * 16, c[m][b]);
         }
       }
     }
@@ -586,21 +635,23 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, int64_t n0, int64_t n1, float* 
       for (int64_t w = 0; w < words; ++w)
         for (int b = 0; b < 4; ++b)
           for (int h = 0; h < 2; ++h) {
-            const float* a = lanes + ((l * MR + m) * 64 + 4 * w + b) * 16 + 8 * h;
+            constexpr int kLanes = kLaneFloats / 2;
+            const float* a = lanes + ((l * MR + m) * 64 + 4 * w + b) * kLaneFloats + kLanes * h;
             float acc = a[0];
-            for (int j = 1; j < 8; ++j) acc += a[j];
-            pb.out[m * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] =
-                round_to<Dtype::kBFloat16>(acc);
+            for (int j = 1; j < kLanes; ++j) acc += a[j];
+            pb.out[m * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] = round_to<D>(acc);
           }
   }
 }
 
-W4K_AWQ_AVX512 inline void chunk_lut_any(const Problem& pb, int64_t n0, int64_t n1, float* scratch) {
+template <Dtype D>
+W4K_AWQ_AVX512 inline void chunk_lut_any(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
+                                         float* scratch) {
   switch (pb.size_m) {
-    case 1: chunk_lut<1>(pb, n0, n1, scratch); break;
-    case 2: chunk_lut<2>(pb, n0, n1, scratch); break;
-    case 3: chunk_lut<3>(pb, n0, n1, scratch); break;
-    default: chunk_lut<4>(pb, n0, n1, scratch); break;
+    case 1: chunk_lut<D, 1>(pb, xf, n0, n1, scratch); break;
+    case 2: chunk_lut<D, 2>(pb, xf, n0, n1, scratch); break;
+    case 3: chunk_lut<D, 3>(pb, xf, n0, n1, scratch); break;
+    default: chunk_lut<D, 4>(pb, xf, n0, n1, scratch); break;
   }
 }
 
