@@ -553,8 +553,10 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
     for (int64_t l = 0; l < lines; ++l)
       lut_tables<D>(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
                  tabs + l * 64 * 16);
-    // Rows outer, lines inner: each row's part of the chunk (up to 8 lines, contiguous) is
-    // read in one visit, so a 4 KiB page costs one TLB miss per chunk, not one per line.
+    // Strips outer, lines inner: the strip's rows (64, one 4 KiB page each when N >= 8192)
+    // stay in the TLB while all lines of the work item are read, so a page costs one TLB miss
+    // per work item, not one per line. The next strip is prefetched into L2 (into L1 it
+    // would evict the strip in use: 8 lines x 64 rows = 32 KiB).
     for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
       const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
       for (int64_t l = 0; l < lines; ++l) {
@@ -567,7 +569,7 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
           __m512i r[16];
           for (int i = 0; i < 16; ++i) {
             const int32_t* row = qline + (k0 + 16 * t + i) * ldq;
-            _mm_prefetch(reinterpret_cast<const char*>(row + kLutStrip * ldq), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(row + kLutStrip * ldq), _MM_HINT_T1);
             r[i] = _mm512_maskz_loadu_epi32(wmask, row);
           }
           transpose16(r);
