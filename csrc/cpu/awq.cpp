@@ -169,9 +169,13 @@ template <awq_cpu::Dtype D>
 void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
   const bool simd = cpu_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
                     __builtin_cpu_supports("avx512vbmi");
-  const bool lut = awq_cpu::lut_path_applies(D, pb.size_m, pb.size_k, pb.size_k / pb.groups);
-  const int64_t chunk_cols = lut ? 8 * awq_cpu::kLutLineWords * awq_cpu::kLutLines : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
-  const int64_t chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
+  const bool lut = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups);
+  // Work items: (column chunk, block of rows of x).
+  const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
+                                 : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
+  const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
+  const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
+  const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
@@ -182,11 +186,12 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
       scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
     }
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+      const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+      const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
       if (lut && simd)
-        awq_cpu::chunk_lut_any<D>(pb, xf, n0, n1, scratch);
+        awq_cpu::chunk_lut<D>(pb, xf, n0, n1, m0, m1, scratch);
       else if (lut)
-        awq_cpu::chunk_lut_scalar<D>(pb, n0, n1);
+        awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
       else if (simd)
         awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, scratch);
       else

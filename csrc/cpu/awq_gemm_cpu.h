@@ -400,7 +400,7 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
 
 // ---- bf16 decode path (small M): K in lanes, weights looked up in per-group tables ----------
 //
-// For M <= kLutMaxM bf16 rows the per-element work above (convert, fma, round, pair) costs more
+// For M <= kLutMaxM rows the per-element work above (convert, fma, round, pair) costs more
 // than streaming the weight. This path instead:
 //  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
 //    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
@@ -414,30 +414,37 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
 // rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; then
 // out = (((((((a0 + a1) + a2) + a3) + a4) + a5) + a6) + a7). Used when group_size and K are
 // multiples of 16 (tiles never straddle a group).
-constexpr int64_t kLutMaxM = 4;
 constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
 constexpr int64_t kLutStrip = 64;      // rows per strip (a multiple of 16; cut at groups)
-constexpr int64_t kLutLines = 8;       // lines per work item: 1024 columns
+constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
+// Lines per work item: 4 (512 columns) at M <= 4, where the weight stream is the cost and
+// longer row segments help; 1 above, where the lane sums of 48 rows need the room.
+inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 
-inline bool lut_path_applies(Dtype, int64_t size_m, int64_t size_k, int64_t group_size) {
+// Measured (bench_cpu_gemm.py, 4096x4096): above M = 4 the tile path, which decodes a weight
+// tile once for all rows, is faster than looking the weights up again per 8 rows.
+constexpr int64_t kLutMaxM = 4;
+inline bool lut_path_applies(int64_t size_m, int64_t size_k, int64_t group_size) {
   return size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
 }
 
 // Scratch floats of the LUT path per thread.
 inline int64_t lut_scratch_floats(int64_t size_m) {
-  return kLutLines * 64 * 32 * size_m   // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
-         + kLutLines * 64 * 16          // tables of one group: [line][pair][32 bf16]
+  const int64_t lines = lut_lines(size_m), rows = std::min(size_m, kLutMBlock);
+  return lines * 64 * 32 * rows         // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
+         + lines * 64 * 16              // tables of one group: [line][pair][32 bf16]
          + (kLutStrip / 16) * 16 * 16;  // transposed strip: [tile][word][16 rows]
 }
 
 // Portable mirror of the LUT path for columns [n_begin, n_end).
 template <Dtype D>
-void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
+void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end, int64_t m_begin,
+                      int64_t m_end) {
   constexpr int kLanes = D == Dtype::kBFloat16 ? 8 : 16;
   const int64_t group_size = pb.size_k / pb.groups, words = pb.size_n / 8;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int shift = 4 * kAwqNibble[n % 8];
-    for (int64_t m = 0; m < pb.size_m; ++m) {
+    for (int64_t m = m_begin; m < m_end; ++m) {
       const uint16_t* xr = pb.x + m * pb.ldx;
       float lane[16] = {};
       for (int64_t k0 = 0; k0 < pb.size_k; k0 += 16) {
@@ -526,19 +533,72 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
   }
 }
 
-// fp16: the looked-up halves are widened (vcvtph2ps) and multiplied by fp32 activations (xf):
-// lane j of a column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
+// Rows [m0, m0 + MR) x word w of one line, over the strip's tiles: lane sums in `lane`
+// ([m - m_begin][pair][kLaneFloats]) are loaded, advanced and stored back.
+// bf16: 2 pairs per pass (2 MR accumulators); fp16: 1 pair per pass (halves lo/hi: 2 MR), the
+// looked-up halves widened (vcvtph2ps) and multiplied by fp32 activations xf; lane j of a
+// column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
 template <Dtype D, int MR>
+W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
+                             int64_t w, int64_t k0, int64_t tiles, const float* tab,
+                             const float* tbuf, float* lane, const __m512i bsel[4]) {
+  constexpr int64_t kLaneFloats = D == Dtype::kBFloat16 ? 16 : 32;
+  // Pairs per pass: as many as keep 16 accumulators (bf16: one per pair, fp16: two).
+  constexpr int kPairs = D == Dtype::kBFloat16 ? (MR <= 4 ? 4 : 2) : (MR <= 4 ? 2 : 1);
+  constexpr int kAcc = D == Dtype::kBFloat16 ? kPairs : 2 * kPairs;
+  const __m512i low4 = _mm512_set1_epi16(15);
+  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+  for (int b0 = 0; b0 < 4; b0 += kPairs) {
+    __m512 c[MR][kAcc];  // bf16: [m][pair b0 + j]; fp16: [m][2 (pair - b0) + half]
+    auto at = [&](int m, int j) {
+      return D == Dtype::kBFloat16 ? lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16
+                                   : lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
+    };
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kAcc; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+    __m512i tb[kPairs];
+    for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+      const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+      for (int j = 0; j < kPairs; ++j) {
+        const __m512i idx = _mm512_ternarylogic_epi32(
+            _mm512_permutex2var_epi8(tw, bsel[b0 + j], tw4), low4, upper, 0xEA);
+        const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
+        if constexpr (D == Dtype::kBFloat16) {
+          for (int m = 0; m < MR; ++m) {
+            const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(pb.x + (m0 + m) * pb.ldx + k0 + 16 * t))));
+            c[m][j] = _mm512_dpbf16_ps(c[m][j], xv, reinterpret_cast<__m512bh>(wv));
+          }
+        } else {
+          const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+          const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+          for (int m = 0; m < MR; ++m) {
+            const __m512 xv = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
+            c[m][2 * j] = _mm512_fmadd_ps(xv, wlo, c[m][2 * j]);
+            c[m][2 * j + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * j + 1]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kAcc; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+  }
+}
+
+// Columns [n0, n1) (at most lut_lines(M) lines) x rows [m_begin, m_end) (at most kLutMBlock).
+template <Dtype D>
 W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
-                              float* scratch) {
+                              int64_t m_begin, int64_t m_end, float* scratch) {
   constexpr int64_t kLaneFloats = D == Dtype::kBFloat16 ? 16 : 32;  // per pair
   const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
-  const int64_t words_all = (n1 - n0) / 8;
+  const int64_t words_all = (n1 - n0) / 8, rows = m_end - m_begin;
   const int64_t lines = (words_all + kLutLineWords - 1) / kLutLineWords;
-  float* lanes = scratch;                                   // [line][m][64 pairs][lanes]
-  float* tabs = lanes + kLutLines * 64 * kLaneFloats * MR;  // [line][64 pairs][16 dwords]
-  float* tbuf = tabs + kLutLines * 64 * 16;        // [tile][16 words][16 rows]
-  std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * MR);
+  float* lanes = scratch;                                 // [line][m][64 pairs][lanes]
+  float* tabs = lanes + lines * 64 * kLaneFloats * rows;  // [line][64 pairs][16 dwords]
+  float* tbuf = tabs + lines * 64 * 16;                   // [tile][16 words][16 rows]
+  std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * rows);
   alignas(64) int8_t bidx[4][64];
   for (int b = 0; b < 4; ++b)
     for (int r = 0; r < 32; ++r) {
@@ -547,24 +607,20 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
     }
   __m512i bsel[4];
   for (int b = 0; b < 4; ++b) bsel[b] = _mm512_load_si512(bidx[b]);
-  const __m512i low4 = _mm512_set1_epi16(15);
-  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
   for (int64_t g = 0; g < pb.groups; ++g) {
     for (int64_t l = 0; l < lines; ++l)
       lut_tables<D>(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
-                 tabs + l * 64 * 16);
+                    tabs + l * 64 * 16);
     // Strips outer, lines inner: the strip's rows (64, one 4 KiB page each when N >= 8192)
     // stay in the TLB while all lines of the work item are read, so a page costs one TLB miss
     // per work item, not one per line. The next strip is prefetched into L2 (into L1 it
-    // would evict the strip in use: 8 lines x 64 rows = 32 KiB).
+    // would evict the strip in use: 4 lines x 64 rows = 16 KiB of 32).
     for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
       const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
       for (int64_t l = 0; l < lines; ++l) {
         const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
         const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
         const int32_t* qline = pb.qweight + n0 / 8 + 16 * l;
-        const float* tab = tabs + l * 64 * 16;
-        float* lane = lanes + l * 64 * kLaneFloats * MR;
         for (int64_t t = 0; t < tiles; ++t) {
           __m512i r[16];
           for (int i = 0; i < 16; ++i) {
@@ -575,85 +631,38 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
           transpose16(r);
           for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
         }
+        const float* tab = tabs + l * 64 * 16;
+        float* lane = lanes + l * 64 * kLaneFloats * rows;
         for (int64_t w = 0; w < words; ++w) {
-          if constexpr (D == Dtype::kBFloat16) {
-            __m512 c[MR][4];
-            for (int m = 0; m < MR; ++m)
-              for (int b = 0; b < 4; ++b) c[m][b] = _mm512_load_ps(lane + (m * 64 + 4 * w + b) * 16);
-            __m512i tb[4];
-            for (int b = 0; b < 4; ++b) tb[b] = _mm512_load_si512(tab + (4 * w + b) * 16);
-            for (int64_t t = 0; t < tiles; ++t) {
-              const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
-              const __m512i tw4 = _mm512_srli_epi32(tw, 4);
-              __m512bh xv[MR];
-              for (int m = 0; m < MR; ++m)
-                xv[m] = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                    reinterpret_cast<const __m256i*>(pb.x + m * pb.ldx + k0 + 16 * t))));
-              for (int b = 0; b < 4; ++b) {
-                const __m512i idx = _mm512_ternarylogic_epi32(
-                    _mm512_permutex2var_epi8(tw, bsel[b], tw4), low4, upper, 0xEA);
-                const __m512bh wv = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, tb[b]));
-                for (int m = 0; m < MR; ++m) c[m][b] = _mm512_dpbf16_ps(c[m][b], xv[m], wv);
-              }
-            }
-            for (int m = 0; m < MR; ++m)
-              for (int b = 0; b < 4; ++b) _mm512_store_ps(lane + (m * 64 + 4 * w + b) * 16, c[m][b]);
-          } else {
-            for (int b0 = 0; b0 < 4; b0 += 2) {  // two pairs at a time: 4 MR accumulators
-              __m512 c[MR][4];                   // [m][2 (b - b0) + h]
-              for (int m = 0; m < MR; ++m)
-                for (int j = 0; j < 4; ++j)
-                  c[m][j] = _mm512_load_ps(lane + (m * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2));
-              const __m512i tb0 = _mm512_load_si512(tab + (4 * w + b0) * 16),
-                            tb1 = _mm512_load_si512(tab + (4 * w + b0 + 1) * 16);
-              for (int64_t t = 0; t < tiles; ++t) {
-                const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
-                const __m512i tw4 = _mm512_srli_epi32(tw, 4);
-                for (int bb = 0; bb < 2; ++bb) {
-                  const __m512i idx = _mm512_ternarylogic_epi32(
-                      _mm512_permutex2var_epi8(tw, bsel[b0 + bb], tw4), low4, upper, 0xEA);
-                  const __m512i wv = _mm512_permutexvar_epi16(idx, bb ? tb1 : tb0);
-                  const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
-                  const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
-                  for (int m = 0; m < MR; ++m) {
-                    const __m512 xv = _mm512_loadu_ps(xf + m * pb.size_k + k0 + 16 * t);
-                    c[m][2 * bb] = _mm512_fmadd_ps(xv, wlo, c[m][2 * bb]);
-                    c[m][2 * bb + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * bb + 1]);
-                  }
-                }
-              }
-              for (int m = 0; m < MR; ++m)
-                for (int j = 0; j < 4; ++j)
-                  _mm512_store_ps(lane + (m * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2), c[m][j]);
-            }
+          int64_t m = m_begin;
+          for (; m + 8 <= m_end; m += 8)
+            lut_rows<D, 8>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel);
+          switch (m_end - m) {
+            case 7: lut_rows<D, 7>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 6: lut_rows<D, 6>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 5: lut_rows<D, 5>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 4: lut_rows<D, 4>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 3: lut_rows<D, 3>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 2: lut_rows<D, 2>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 1: lut_rows<D, 1>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            default: break;
           }
         }
       }
     }
   }
+  constexpr int kLanes = kLaneFloats / 2;
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
-    for (int64_t m = 0; m < MR; ++m)
+    for (int64_t m = 0; m < rows; ++m)
       for (int64_t w = 0; w < words; ++w)
         for (int b = 0; b < 4; ++b)
           for (int h = 0; h < 2; ++h) {
-            constexpr int kLanes = kLaneFloats / 2;
-            const float* a = lanes + ((l * MR + m) * 64 + 4 * w + b) * kLaneFloats + kLanes * h;
+            const float* a = lanes + ((l * rows + m) * 64 + 4 * w + b) * kLaneFloats + kLanes * h;
             float acc = a[0];
             for (int j = 1; j < kLanes; ++j) acc += a[j];
-            pb.out[m * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] = round_to<D>(acc);
+            pb.out[(m_begin + m) * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] = round_to<D>(acc);
           }
-  }
-}
-
-template <Dtype D>
-W4K_AWQ_AVX512 inline void chunk_lut_any(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
-                                         float* scratch) {
-  switch (pb.size_m) {
-    case 1: chunk_lut<D, 1>(pb, xf, n0, n1, scratch); break;
-    case 2: chunk_lut<D, 2>(pb, xf, n0, n1, scratch); break;
-    case 3: chunk_lut<D, 3>(pb, xf, n0, n1, scratch); break;
-    default: chunk_lut<D, 4>(pb, xf, n0, n1, scratch); break;
   }
 }
 
