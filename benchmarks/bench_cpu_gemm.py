@@ -171,7 +171,8 @@ def read_bandwidth(probes, nbytes, repeats):
 
 
 def n_copies(nbytes, quick):
-    return 2 if quick else max(1, -(-4 * L3_BYTES // nbytes))
+    """Copies of an operand of `nbytes` that total >= 4 x L3 (2 in --quick)."""
+    return 2 if quick else max(1, int(-(-4 * L3_BYTES // nbytes)))
 
 
 # ---- the methods: each builds its copies and returns (weight bytes, copies, fn(x, i)) ----------
