@@ -10,8 +10,9 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
   (bf16, g128), and ``awq_dequantize`` + bf16 ``torch.matmul`` (the un-fused route, which the
   dispatch rule below compares against ``awq_gemm``);
 * ONNX Runtime ``MatMulNBits`` (bits 4, block 128, zero points; accuracy level 0 = fp32
-  compute, 4 = int8 activations), fp32 activations, when ``onnxruntime`` and ``onnx`` are
-  installed (optional: pip install onnxruntime onnx; a line says so when they are absent);
+  compute, 4 = int8 activations), fp32 activations, spinning workers off, when ``onnxruntime``
+  and ``onnx`` are installed (optional: pip install onnxruntime onnx; a line says so when they
+  are absent);
 * probes: read bandwidth (an AVX-512 load loop over 512 MiB split over the threads; torch.sum
   without a compiler), and the peaks of the threads used: fp32 FMA, ``vdpbf16ps`` (bf16 pairs),
   ``vpdpbusd`` (int8), each 12 independent accumulator chains.
@@ -284,6 +285,11 @@ def m_ort(k, n, gen, quick, accuracy_level, threads):
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        # ORT's workers spin after each run by default; in a shared run they would take the
+        # cores from whatever is timed next (measured: awq_gemm at M = 4 went from ~2 ms to
+        # ~100 ms right after an ORT row). Blocking workers, as OMP_WAIT_POLICY=PASSIVE does
+        # for torch and us.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
 

@@ -43,3 +43,17 @@ def test_bench_cpu_gemm_background_load_prints_slowdowns():
     assert "slowdown" in stdout
     assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] and line.rstrip().endswith("x")
                for line in stdout.splitlines()), stdout
+
+
+def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():
+    """Regression: byte counts that include scale bytes are floats; the copy count (used as a
+    list length and modulus) must still be an int, and the copies must exceed 4 x L3."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_cpu_gemm as bench
+    finally:
+        sys.path.pop(0)
+    nbytes = 4096 * 4096 // 2 + 32 * 4096 * 2.5
+    c = bench.n_copies(nbytes, quick=False)
+    assert isinstance(c, int) and c * nbytes >= 4 * bench.L3_BYTES
+    assert bench.n_copies(nbytes, quick=True) == 2
