@@ -24,7 +24,11 @@
 #include <vector>
 
 #include "awq_checks.h"
+// GCC 12 flags the _mm512_undefined_* operands inside its own AVX-512 intrinsics (e.g.
+// _mm512_cvtph_ps, inlined from the kernels below) as uninitialized at -O3.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/awq_gemm_cpu.h"
+#include "cpu/awq_gemm_cpu_lut.h"
 #include "cpu/isa.h"
 
 namespace w4k {
