@@ -80,3 +80,18 @@ def test_awq_gemm_cpu_lookup_path_summation_order(monkeypatch):
     part = _run(monkeypatch, "avx512", 2, x, qw[:, -16:].contiguous(), s[:, -128:].contiguous(),
                 qz[:, -16:].contiguous())
     assert golden.same_bits(full[:, -128:], part)
+
+
+@pytest.mark.parametrize("size_m", [2, 5])
+def test_awq_gemm_cpu_fp16_denormal_weights_bit_identical(monkeypatch, size_m):
+    """Scales of 1e-6..1e-5 make most fp16 weights denormal (< 2^-14): the portable rounding
+    (round_half) must match vcvtps2ph there too, on the lookup (M = 2) and tile (M = 5) paths."""
+    qw, s, qz = _awq(256, 128, 64, torch.float16, seed=size_m)
+    s = (s.float() * 5e-4).half()
+    assert (s.abs() < 2.0**-14).all()
+    x = torch.randn(size_m, 256, generator=torch.Generator().manual_seed(9)).half()
+    simd = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    portable = _run(monkeypatch, "scalar", 1, x, qw, s, qz)
+    assert golden.same_bits(simd, portable)
+    w = reference.awq_dequantize(qw, s, qz)
+    assert_gemm_close(simd, x.double() @ w.double(), x, w)

@@ -2,10 +2,12 @@
 // layout on every call (qweight int32 [K, N/8], qzeros int32 [G, N/8], scales [G, N]).
 //
 // Torch-free: raw pointers and sizes; the binding (awq.cpp) checks the tensors and runs
-// awq_gemm_cpu_chunk over column chunks on its threads.
+// chunk_avx512 / chunk_scalar (this file, the tile path) or chunk_lut / chunk_lut_scalar
+// (awq_gemm_cpu_lut.h, the lookup path for M <= 4) over work items on its threads.
 //
-// Numerics (README "Numerics"; identical on every ISA path, and independent of threads and of
-// the K strips, because every output column is summed by one chain in one fixed order):
+// Numerics of the tile path (README "Numerics"; identical on every ISA path, and independent of
+// threads and of the K strips, because every output column is summed by one chain in one fixed
+// order; the lookup path rounds the weights the same way and gives its own order there):
 //   w[k, n] = T(fma(q, s, (-z) * s)),   q, z the codes, s the scale of group k / (K / G),
 // where (-z) * s and q * s are exact in fp32 (a 4-bit integer times an 8- or 11-bit mantissa),
 // so the fma is the exact (q - z) * s, +0 when q == z, and T() is the one rounding to the
@@ -32,12 +34,11 @@
 
 #include <immintrin.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
+#include <algorithm>
 
 namespace w4k {
 namespace awq_cpu {
