@@ -1,11 +1,11 @@
-// CPU kernels of awq_dequantize and awq_gemm (AutoAWQ WQLinear_GEMM weights).
+// CPU binding of awq_dequantize and awq_gemm (AutoAWQ WQLinear_GEMM weights), and the
+// awq_dequantize kernel; the awq_gemm kernel is in awq_gemm_cpu.h (its numerics are there).
 //
-// Work is cut in blocks of 64 columns (8 int32 words per row). A weight element is
+// awq_dequantize works in blocks of 64 columns (8 int32 words per row). A weight element is
 //   w[k, n] = round_to_dtype((q[k, n] - z[g, n]) * s[g, n]),   g = k / group_size,
 // where the product is exact in fp32 (a 5-bit integer times a 16-bit float), so rounding it to
 // fp16/bf16 is the single rounding the GPU kernels do before their fp32-accumulating mma.
-// awq_gemm accumulates out[m, n] = fma(x[m, k], w[k, n], acc) in increasing k, in fp32; every
-// ISA path (isa.h) performs exactly these operations, so all paths agree bit for bit.
+// Every ISA path (isa.h) performs exactly these operations, so all paths agree bit for bit.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -17,12 +17,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "awq_checks.h"
+// GCC 12 flags the _mm512_undefined_* operands inside its own AVX-512 intrinsics (e.g.
+// _mm512_cvtph_ps, inlined from the kernels below) as uninitialized at -O3.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "cpu/awq_gemm_cpu.h"
+#include "cpu/awq_gemm_cpu_lut.h"
 #include "cpu/isa.h"
 
 namespace w4k {
@@ -30,7 +36,6 @@ namespace {
 
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column 8c + j is nibble kAwqNibble[j]
 constexpr int64_t kBlockN = 64;                          // columns per block (8 words)
-constexpr int64_t kBlockK = 128;                         // rows of K per GEMM block
 
 // One group's zero points and scales for a 64-column block, as floats in column order
 // (columns past N: zero, so they dequantize to 0).
@@ -67,25 +72,6 @@ void dequant_rows_scalar(const int32_t* qrow, int64_t ldq, int64_t rows, int64_t
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < ncols; ++j)
       out[r * ldo + j] = dequant_scalar<scalar_t>(qrow[r * ldq + j / 8], j, p);
-}
-
-template <typename scalar_t>
-void dequant_block_f32_scalar(const int32_t* qrow, int64_t ldq, int64_t rows, int64_t ncols,
-                              const GroupParams* const* params, float* w) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < kBlockN; ++j)
-      w[r * kBlockN + j] =
-          j < ncols ? static_cast<float>(dequant_scalar<scalar_t>(qrow[r * ldq + j / 8], j, *params[r]))
-                    : 0.0f;
-}
-
-// acc[m, :] = fma(x[m, k], w[k, :], acc[m, :]) for k in [0, kb), every m.
-void gemm_block_scalar(const float* x, int64_t ldx, int64_t size_m, const float* w, int64_t kb,
-                       float* acc) {
-  for (int64_t m = 0; m < size_m; ++m)
-    for (int64_t k = 0; k < kb; ++k)
-      for (int64_t j = 0; j < kBlockN; ++j)
-        acc[m * kBlockN + j] = std::fma(x[m * ldx + k], w[k * kBlockN + j], acc[m * kBlockN + j]);
 }
 
 // ---- AVX-512 path ----------------------------------------------------------------------------
@@ -154,47 +140,6 @@ W4K_AVX512 void dequant_rows_avx512(const int32_t* qrow, int64_t ldq, int64_t ro
   }
 }
 
-template <typename scalar_t>
-W4K_AVX512 void dequant_block_f32_avx512(const int32_t* qrow, int64_t ldq, int64_t rows,
-                                         int64_t ncols, const GroupParams* const* params, float* w) {
-  const __mmask8 word_mask = static_cast<__mmask8>((1u << (ncols / 8)) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512i words = _mm512_castsi256_si512(_mm256_maskz_loadu_epi32(word_mask, qrow + r * ldq));
-    for (int pair = 0; pair < 4; ++pair)
-      _mm512_store_ps(w + r * kBlockN + 16 * pair,
-                      bits_to_f32<scalar_t>(dequant16<scalar_t>(words, pair, *params[r])));
-  }
-}
-
-// MR rows of the output block: 4 * MR zmm accumulators live in registers across the k loop.
-template <int MR>
-W4K_AVX512 void gemm_rows_avx512(const float* x, int64_t ldx, const float* w, int64_t kb,
-                                 float* acc) {
-  __m512 c[MR][4];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 4; ++j) c[r][j] = _mm512_loadu_ps(acc + r * kBlockN + 16 * j);
-  for (int64_t k = 0; k < kb; ++k) {
-    const __m512 w0 = _mm512_load_ps(w + k * kBlockN), w1 = _mm512_load_ps(w + k * kBlockN + 16),
-                 w2 = _mm512_load_ps(w + k * kBlockN + 32), w3 = _mm512_load_ps(w + k * kBlockN + 48);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
-      c[r][0] = _mm512_fmadd_ps(xv, w0, c[r][0]);
-      c[r][1] = _mm512_fmadd_ps(xv, w1, c[r][1]);
-      c[r][2] = _mm512_fmadd_ps(xv, w2, c[r][2]);
-      c[r][3] = _mm512_fmadd_ps(xv, w3, c[r][3]);
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + r * kBlockN + 16 * j, c[r][j]);
-}
-
-W4K_AVX512 void gemm_block_avx512(const float* x, int64_t ldx, int64_t size_m, const float* w,
-                                  int64_t kb, float* acc) {
-  int64_t m = 0;
-  for (; m + 4 <= size_m; m += 4) gemm_rows_avx512<4>(x + m * ldx, ldx, w, kb, acc + m * kBlockN);
-  for (; m < size_m; ++m) gemm_rows_avx512<1>(x + m * ldx, ldx, w, kb, acc + m * kBlockN);
-}
-
 // ---- kernels ---------------------------------------------------------------------------------
 
 template <typename scalar_t>
@@ -219,47 +164,44 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
   });
 }
 
-template <typename scalar_t>
-void awq_gemm_kernel(const scalar_t* x, int64_t ldx, const int32_t* qweight,
-                     const scalar_t* scales, const int32_t* qzeros, int64_t size_m,
-                     int64_t size_k, int64_t size_n, int64_t groups, scalar_t* out) {
-  const int64_t group_size = size_k / groups;
-  const bool simd = cpu_isa() == Isa::kAvx512;
-  // Activations in fp32 once (exact), so the inner loop is a plain fp32 FMA stream.
-  std::vector<float> xf(size_m * size_k);
-  at::parallel_for(0, size_m, 16, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m)
-      for (int64_t k = 0; k < size_k; ++k) xf[m * size_k + k] = static_cast<float>(x[m * ldx + k]);
-  });
-  const int64_t blocks_n = (size_n + kBlockN - 1) / kBlockN;
-  at::parallel_for(0, blocks_n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(size_m * kBlockN);
-    float* w = static_cast<float*>(std::aligned_alloc(64, kBlockK * kBlockN * sizeof(float)));
-    std::vector<GroupParams> params(std::min(groups, kBlockK + 1));
-    std::vector<const GroupParams*> row_params(kBlockK);
-    for (int64_t nb = begin; nb < end; ++nb) {
-      const int64_t n0 = nb * kBlockN, ncols = std::min(kBlockN, size_n - n0);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t k0 = 0; k0 < size_k; k0 += kBlockK) {
-        const int64_t kb = std::min(kBlockK, size_k - k0);
-        const int64_t g0 = k0 / group_size;
-        for (int64_t g = g0; g <= (k0 + kb - 1) / group_size; ++g)
-          load_group(qzeros, scales, size_n, g, n0, ncols, params[g - g0]);
-        for (int64_t r = 0; r < kb; ++r) row_params[r] = &params[(k0 + r) / group_size - g0];
-        const int32_t* qrow = qweight + k0 * (size_n / 8) + n0 / 8;
-        if (simd) {
-          dequant_block_f32_avx512<scalar_t>(qrow, size_n / 8, kb, ncols, row_params.data(), w);
-          gemm_block_avx512(xf.data() + k0, size_k, size_m, w, kb, acc.data());
-        } else {
-          dequant_block_f32_scalar<scalar_t>(qrow, size_n / 8, kb, ncols, row_params.data(), w);
-          gemm_block_scalar(xf.data() + k0, size_k, size_m, w, kb, acc.data());
-        }
-      }
-      for (int64_t m = 0; m < size_m; ++m)
-        for (int64_t j = 0; j < ncols; ++j)
-          out[m * size_n + n0 + j] = static_cast<scalar_t>(acc[m * kBlockN + j]);
+// Runs the awq_gemm kernel (awq_gemm_cpu.h) over work items of 256 columns handed out by an
+// atomic counter: a thread that the OS preempts (other processes on the cores) delays only
+// the item it holds, the other thread takes the rest; items are large enough (the whole K)
+// that the counter costs nothing. Each column is summed by one item, so the bits do not
+// depend on the thread count.
+template <awq_cpu::Dtype D>
+void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
+  const bool simd = cpu_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
+                    __builtin_cpu_supports("avx512vbmi");
+  const bool lut = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups);
+  // Work items: (column chunk, block of rows of x).
+  const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
+                                 : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
+  const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
+  const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
+  const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    float* scratch = nullptr;
+    if (simd) {
+      const int64_t floats = lut ? awq_cpu::lut_scratch_floats(pb.size_m)
+                                 : awq_cpu::scratch_floats(pb.size_m);
+      scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
     }
-    std::free(w);
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+      const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
+      if (lut && simd)
+        awq_cpu::chunk_lut<D>(pb, xf, n0, n1, m0, m1, scratch);
+      else if (lut)
+        awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
+      else if (simd)
+        awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, scratch);
+      else
+        awq_cpu::chunk_scalar<D>(pb, n0, n1);
+    }
+    std::free(scratch);
   });
 }
 
@@ -284,11 +226,17 @@ at::Tensor awq_gemm_cpu(const at::Tensor& x, const at::Tensor& qweight, const at
   const int64_t size_m = x.size(0), size_k = qweight.size(0), size_n = qweight.size(1) * 8;
   at::Tensor out = at::empty({size_m, size_n}, x.options());
   if (size_m == 0) return out;
-  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "awq_gemm_cpu", [&] {
-    awq_gemm_kernel<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), qweight.data_ptr<int32_t>(),
-                              scales.data_ptr<scalar_t>(), qzeros.data_ptr<int32_t>(), size_m,
-                              size_k, size_n, scales.size(0), out.data_ptr<scalar_t>());
-  });
+  awq_cpu::Problem pb{reinterpret_cast<const uint16_t*>(x.data_ptr()), x.stride(0),
+                      qweight.data_ptr<int32_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr()),
+                      qzeros.data_ptr<int32_t>(), size_m, size_k, size_n, scales.size(0),
+                      reinterpret_cast<uint16_t*>(out.data_ptr())};
+  if (x.scalar_type() == at::kHalf) {
+    // fp16: the FMA path wants fp32 activations (exact), converted once per call.
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    awq_gemm_run<awq_cpu::Dtype::kHalf>(pb, xf.data_ptr<float>());
+  } else {
+    awq_gemm_run<awq_cpu::Dtype::kBFloat16>(pb, nullptr);
+  }
   return out;
 }
 

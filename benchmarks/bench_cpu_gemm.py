@@ -1,0 +1,477 @@
+"""CPU 4-bit GEMMs side by side: our Marlin/AWQ/KleidiAI ops against torch and ONNX Runtime.
+
+One run times, on the same threads and weights rotated past the 32 MiB L3 (every operand is
+copied until the copies total >= 4 x L3, and each call uses the next copy):
+
+* ours: ``awq_gemm`` (AutoAWQ tensors as stored, bf16 and fp16 activations, group 128),
+  ``w4a16_gemm`` (Marlin: GPTQ g128, AWQ zero points g128, GPTQ act-order g128; bf16),
+  ``dyn_quant_matmul_4bit`` (KleidiAI int8 x int4, block 128, fp32 in/out);
+* torch: fp32 and bf16 ``F.linear`` on the dense weight, ``aten._weight_int4pack_mm_for_cpu``
+  (bf16, g128), and ``awq_dequantize`` + bf16 ``torch.matmul`` (the un-fused route, which the
+  dispatch rule below compares against ``awq_gemm``);
+* ONNX Runtime ``MatMulNBits`` (bits 4, block 128, zero points; accuracy level 0 = fp32
+  compute, 4 = int8 activations), fp32 activations, spinning workers off, when ``onnxruntime``
+  and ``onnx`` are installed (optional: pip install onnxruntime onnx; a line says so when they
+  are absent);
+* probes: read bandwidth (an AVX-512 load loop over 512 MiB split over the threads; torch.sum
+  without a compiler), and the peaks of the threads used: fp32 FMA, ``vdpbf16ps`` (bf16 pairs),
+  ``vpdpbusd`` (int8), each 12 independent accumulator chains.
+
+Per row: median ms, weight GB/s (the format's weight bytes, scales included, over the time) and
+% of the read probe, GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
+bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows), and for our
+rows the ratio to the fastest competitor of the same arithmetic (>1: we are faster): exact bf16
+(torch bf16, torch int4, ORT level 0) or int8 (ORT level 4). Then the dispatch rule: the
+smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
+
+``--background-load P`` times every point a second time while P processes spin on the cores
+and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
+
+``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
+
+    PYTHONPATH=$PWD/python python benchmarks/bench_cpu_gemm.py [--quick] [--threads 2]
+        [--background-load 2] [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import w4kernels  # noqa: E402,F401  (registers torch.ops.w4kernels)
+from w4kernels import ops, quant  # noqa: E402
+
+L3_BYTES = 32 << 20
+GROUP = 128
+
+_PROBE_SRC = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <atomic>
+#include <chrono>
+
+#define W4K_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+// Twelve independent chains in named registers; the asm hides the constant operands.
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512bf16"), noinline))
+static double chains(int kind, int64_t iters) {
+#define DECL(i) __m512 f##i = _mm512_set1_ps(i); __m512i n##i = _mm512_set1_epi32(i);
+  W4K_12(DECL)
+#undef DECL
+  __m512 a = _mm512_set1_ps(1e-3f), b = _mm512_set1_ps(1e-3f);
+  __m512i ia = _mm512_set1_epi8(3), ib = _mm512_set1_epi8(5);
+  __asm__("" : "+v"(a), "+v"(b), "+v"(ia), "+v"(ib));
+  for (int64_t it = 0; it < iters; ++it) {
+    if (kind == 0) {
+#define OP(i) f##i = _mm512_fmadd_ps(a, b, f##i);
+      W4K_12(OP)
+#undef OP
+    } else if (kind == 1) {
+#define OP(i) f##i = _mm512_dpbf16_ps(f##i, (__m512bh)ia, (__m512bh)ib);
+      W4K_12(OP)
+#undef OP
+    } else {
+#define OP(i) n##i = _mm512_dpbusd_epi32(n##i, ia, ib);
+      W4K_12(OP)
+#undef OP
+    }
+  }
+  __m512 t = _mm512_setzero_ps();
+#define SUM(i) t = _mm512_add_ps(t, _mm512_add_ps(f##i, _mm512_cvtepi32_ps(n##i)));
+  W4K_12(SUM)
+#undef SUM
+  return _mm512_reduce_add_ps(t);
+}
+
+// Floating-point operations (2 per multiply-add) per second over all threads:
+// kind 0 fp32 FMA (16 MACs/op), 1 vdpbf16ps (32), 2 vpdpbusd (64).
+double peak_flops(int64_t kind, int64_t iters) {
+  const int nt = at::get_num_threads();
+  std::atomic<double> sink{0};
+  auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) { double v = chains(int(kind), iters); sink.store(v); }
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int macs = kind == 0 ? 16 : kind == 1 ? 32 : 64;
+  return 2.0 * nt * iters * 12 * macs / s + 0.0 * sink.load();
+}
+
+__attribute__((target("avx512f"), noinline))
+static double read_range(const float* p, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+// Seconds to read the whole tensor once, each thread a contiguous share (64-float multiples).
+double read_seconds(torch::Tensor a) {
+  const float* p = a.data_ptr<float>();
+  const int64_t n = a.numel(), nt = at::get_num_threads();
+  const int64_t share = (n / nt) / 64 * 64;
+  std::atomic<double> sink{0};
+  auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sink.store(read_range(p + i * share, share));
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+         0.0 * sink.load();
+}
+"""
+
+
+def load_probes():
+    """The compiled probes, or None (no compiler / no AVX-512: said once, never invented)."""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if "avx512_bf16" not in flags or "avx512_vnni" not in flags:
+        print("probes: this CPU lacks AVX-512 BF16/VNNI; peaks n/a, bandwidth from torch.sum")
+        return None
+    from torch.utils.cpp_extension import load_inline
+    try:
+        return load_inline("w4k_cpu_gemm_probes", cpp_sources=_PROBE_SRC,
+                           functions=["peak_flops", "read_seconds"],
+                           extra_cflags=["-O2", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except Exception as e:  # noqa: BLE001
+        print(f"probes unavailable ({type(e).__name__}: {str(e)[:200]}); peaks n/a, "
+              "bandwidth from torch.sum")
+        return None
+
+
+def timeit(fn, copies, repeats):
+    """Median seconds of `repeats` calls, call i using copy (i + 1) % copies."""
+    fn(0)
+    ts = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn((i + 1) % copies)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def read_bandwidth(probes, nbytes, repeats):
+    a = torch.ones(nbytes // 4)
+    if probes is not None:
+        probes.read_seconds(a)
+        t = statistics.median(probes.read_seconds(a) for _ in range(repeats))
+    else:
+        t = timeit(lambda i: a.sum(), 1, repeats)
+    return nbytes / t
+
+
+def n_copies(nbytes, quick):
+    """Copies of an operand of `nbytes` that total >= 4 x L3 (2 in --quick)."""
+    return 2 if quick else max(1, int(-(-4 * L3_BYTES // nbytes)))
+
+
+# ---- the methods: each builds its copies and returns (weight bytes, copies, fn(x, i)) ----------
+
+
+def _awq_random(k, n, gen, dtype):
+    qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, generator=gen)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // GROUP, n // 8), dtype=torch.int32, generator=gen)
+    scales = (torch.rand(k // GROUP, n, generator=gen) * 0.01 + 1e-3).to(dtype)
+    return quant.AWQWeight(qweight, scales, qzeros, GROUP, k, n)
+
+
+def _gptq_random(k, n, gen, act_order):
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=gen)
+    scales = (torch.rand(k // GROUP, n, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16)
+    g_idx = None
+    if act_order:
+        g_idx = (torch.arange(k) // GROUP)[torch.randperm(k, generator=gen)].to(torch.int32)
+    return quant.GPTQWeight(qweight, scales, g_idx, GROUP, k, n)
+
+
+def m_awq(k, n, gen, quick, dtype):
+    wb = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
+    c = n_copies(wb, quick)
+    ws = [_awq_random(k, n, gen, dtype) for _ in range(c)]
+    return wb, c, lambda x, i: ops.awq_gemm(x, ws[i].qweight, ws[i].scales, ws[i].qzeros, 8)
+
+
+def m_awq_dequant_mm(k, n, gen, quick):
+    wb = k * n // 2 + (k // GROUP) * n * 2.5
+    c = n_copies(wb, quick)
+    ws = [_awq_random(k, n, gen, torch.bfloat16) for _ in range(c)]
+    return wb, c, lambda x, i: torch.matmul(
+        x, ops.awq_dequantize(ws[i].qweight, ws[i].scales, ws[i].qzeros))
+
+
+def m_w4a16(k, n, gen, quick, kind):
+    wb = k * n // 2 + (k // GROUP) * n * (2.5 if kind == "awq" else 2) + (4 * k if kind == "act" else 0)
+    c = n_copies(wb, quick)
+    if kind == "awq":
+        ms = [quant.awq_to_marlin(_awq_random(k, n, gen, torch.bfloat16)) for _ in range(c)]
+    else:
+        ms = [quant.gptq_to_marlin(_gptq_random(k, n, gen, kind == "act")) for _ in range(c)]
+    return wb, c, lambda x, i: ms[i].gemm(x)
+
+
+def m_kleidiai(k, n, gen, quick):
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    s = (torch.rand(n, k // GROUP, generator=gen) * 0.01).bfloat16()
+    packed = ops.dyn_quant_pack_4bit_weight(w, s, None, GROUP, k, n)
+    c = n_copies(packed.numel(), quick)
+    packs = [packed] + [packed.clone() for _ in range(c - 1)]
+    return packed.numel(), c, lambda x, i: ops.dyn_quant_matmul_4bit(x, packs[i], GROUP, k, n)
+
+
+def m_dense(k, n, gen, quick, dtype):
+    w = (torch.randn(n, k, generator=gen) * 0.02).to(dtype)
+    c = n_copies(w.numel() * w.element_size(), quick)
+    wsl = [w] + [w.clone() for _ in range(c - 1)]
+    return w.numel() * w.element_size(), c, lambda x, i: F.linear(x, wsl[i])
+
+
+def m_torch_int4(k, n, gen, quick):
+    def one():
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+        sz = torch.rand(k // GROUP, n, 2, generator=gen).to(torch.bfloat16)
+        return packed, sz
+    wb = k * n // 2 + (k // GROUP) * n * 4
+    c = n_copies(wb, quick)
+    ws = [one() for _ in range(c)]
+    return wb, c, lambda x, i: torch.ops.aten._weight_int4pack_mm_for_cpu(x, ws[i][0], GROUP, ws[i][1])
+
+
+def ort_available():
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def m_ort(k, n, gen, quick, accuracy_level, threads):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    blocks = k // GROUP
+    blob = GROUP // 2
+
+    def session():
+        b = torch.randint(0, 256, (n, blocks, blob), dtype=torch.uint8, generator=gen).numpy()
+        scales = (torch.rand(n * blocks, generator=gen) * 0.01 + 1e-3).numpy().astype(np.float32)
+        zp = torch.randint(0, 256, (n * ((blocks + 1) // 2),), dtype=torch.uint8,
+                           generator=gen).numpy()
+        node = helper.make_node("MatMulNBits", ["A", "B", "scales", "zero_points"], ["Y"],
+                                domain="com.microsoft", K=k, N=n, bits=4, block_size=GROUP,
+                                accuracy_level=accuracy_level)
+        graph = helper.make_graph(
+            [node], "w4", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+            initializer=[onnx.numpy_helper.from_array(b, "B"),
+                         onnx.numpy_helper.from_array(scales, "scales"),
+                         onnx.numpy_helper.from_array(zp, "zero_points")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        # ORT's workers spin after each run by default; in a shared run they would take the
+        # cores from whatever is timed next (measured: awq_gemm at M = 4 went from ~2 ms to
+        # ~100 ms right after an ORT row). Blocking workers, as OMP_WAIT_POLICY=PASSIVE does
+        # for torch and us.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+
+    wb = k * n // 2 + n * blocks * 4.5
+    c = n_copies(wb, quick)
+    sessions = [session() for _ in range(c)]
+    return wb, c, lambda x, i: sessions[i].run(None, {"A": x})[0]
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+# name -> (arithmetic, activation kind, ours)
+METHODS = {
+    "awq_gemm bf16": ("bf16", "bf16", True),
+    "awq_gemm fp16": ("fp32", "fp16", True),
+    "w4a16 gptq bf16": ("bf16", "bf16", True),
+    "w4a16 awq-zp bf16": ("bf16", "bf16", True),
+    "w4a16 act-order bf16": ("bf16", "bf16", True),
+    "kleidiai int8": ("int8", "fp32", True),
+    "awq dequant+mm": ("bf16", "bf16", False),
+    "torch fp32": ("fp32", "fp32", False),
+    "torch bf16": ("bf16", "bf16", False),
+    "torch int4 bf16": ("bf16", "bf16", False),
+    "ort acc0": ("fp32", "np32", False),
+    "ort acc4": ("int8", "np32", False),
+}
+# Competitors each of our rows is ranked against (the same arithmetic: exact 16-bit weights
+# with fp32 sums, or int8 activations).
+EXACT_PEERS = ["torch bf16", "torch int4 bf16", "ort acc0"]
+INT8_PEERS = ["ort acc4"]
+
+
+def build(name, k, n, gen, quick, threads):
+    if name.startswith("awq_gemm"):
+        return m_awq(k, n, gen, quick, torch.bfloat16 if "bf16" in name else torch.float16)
+    if name == "awq dequant+mm":
+        return m_awq_dequant_mm(k, n, gen, quick)
+    if name.startswith("w4a16"):
+        return m_w4a16(k, n, gen, quick, name.split()[1].replace("awq-zp", "awq")
+                       .replace("act-order", "act"))
+    if name == "kleidiai int8":
+        return m_kleidiai(k, n, gen, quick)
+    if name == "torch fp32":
+        return m_dense(k, n, gen, quick, torch.float32)
+    if name == "torch bf16":
+        return m_dense(k, n, gen, quick, torch.bfloat16)
+    if name == "torch int4 bf16":
+        return m_torch_int4(k, n, gen, quick)
+    if name.startswith("ort"):
+        return m_ort(k, n, gen, quick, int(name[-1]), threads)
+    raise KeyError(name)
+
+
+def activation(kind, m, k, gen):
+    x = torch.randn(m, k, generator=gen)
+    if kind == "np32":
+        return x.numpy()
+    return x.to({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[kind])
+
+
+class BackgroundLoad:
+    """P processes spinning in pure Python (each wants a whole core) while the block runs."""
+
+    def __init__(self, procs):
+        self.procs = procs
+        self.ps = []
+
+    def __enter__(self):
+        self.ps = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                   for _ in range(self.procs)]
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.ps:
+            p.kill()
+        for p in self.ps:
+            p.wait()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--ms", default="1,4,16,64,256")
+    ap.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008", help="NxK, comma-separated")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: one small shape, M 1 and 16, 3 repeats, no peak probes")
+    ap.add_argument("--background-load", type=int, default=0, metavar="P",
+                    help="also time every point while P busy processes run; print slowdowns")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    quick = args.quick
+    shapes = [(512, 1024)] if quick else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [1, 16] if quick else [int(m) for m in args.ms.split(",")]
+    repeats = 3 if quick else args.repeats
+    names = [s for s in args.methods.split(",") if s]
+    if not ort_available():
+        print("ONNX Runtime rows skipped: onnxruntime/onnx not installed "
+              "(optional: pip install onnxruntime onnx)")
+        names = [s for s in names if not s.startswith("ort")]
+    print("int8-activation mode of awq_gemm/w4a16_gemm: not implemented; no row")
+    gen = torch.Generator().manual_seed(0)
+
+    probes = None if quick else load_probes()
+    bw = read_bandwidth(probes, (64 if quick else 512) << 20, repeats)
+    peaks = {}
+    if probes is not None:
+        for kind, key in enumerate(["fp32", "bf16", "int8"]):
+            probes.peak_flops(kind, 1_000_000)
+            peaks[key] = max(probes.peak_flops(kind, 20_000_000) for _ in range(3))
+    load = os.getloadavg()
+    print(f"torch {torch.__version__}  threads={torch.get_num_threads()}  "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}  load average before: "
+          f"{load[0]:.2f} {load[1]:.2f}  group={GROUP}  repeats={repeats}")
+    print(f"read bandwidth probe: {bw / 1e9:.1f} GB/s   peaks (GFLOP/s, these threads): " +
+          ("  ".join(f"{k} {v / 1e9:.0f}" for k, v in peaks.items()) or "n/a"))
+
+    results = {}  # (shape, name, m) -> seconds (quiet), and loaded when asked
+    loaded = {}
+    for n, k in shapes:
+        built = {}
+        for name in names:
+            try:
+                built[name] = build(name, k, n, gen, quick, args.threads)
+            except Exception as e:  # noqa: BLE001  (a competitor that cannot run here: say why)
+                print(f"{name} on {n}x{k}: skipped ({type(e).__name__}: {str(e)[:160]})")
+        xs = {m: {kind: activation(kind, m, k, gen) for kind in {METHODS[s][1] for s in built}}
+              for m in ms}
+        for phase in ["quiet"] + (["loaded"] if args.background_load else []):
+            ctx = BackgroundLoad(args.background_load) if phase == "loaded" else None
+            if ctx:
+                ctx.__enter__()
+            try:
+                for m in ms:
+                    for name, (wb, c, fn) in built.items():
+                        x = xs[m][METHODS[name][1]]
+                        t = timeit(lambda i: fn(x, i), c, repeats)
+                        (results if phase == "quiet" else loaded)[(n, k, name, m)] = t
+            finally:
+                if ctx:
+                    ctx.__exit__(None, None, None)
+        print(f"\nN={n} K={k}  (weight GB/s counts the format's weight + scale bytes; "
+              f"x best = best same-arithmetic competitor's ms / ours)")
+        print(f"{'M':>4} {'method':<22} {'ms':>9} {'wGB/s':>7} {'%bw':>5} {'GFLOP/s':>8} "
+              f"{'%peak':>6} {'x best':>7}" + (f" {'loaded ms':>10} {'slowdown':>8}" if loaded else ""))
+        for m in ms:
+            for name, (wb, c, fn) in built.items():
+                t = results[(n, k, name, m)]
+                arith, _, ours = METHODS[name]
+                flops = 2.0 * m * n * k / t
+                pk = f"{100 * flops / peaks[arith]:5.0f}%" if arith in peaks else f"{'-':>6}"
+                best = "-"
+                if ours:
+                    peers = INT8_PEERS if arith == "int8" else EXACT_PEERS
+                    ts = [results[(n, k, p, m)] for p in peers if (n, k, p, m) in results]
+                    if ts:
+                        best = f"{min(ts) / t:.2f}"
+                line = (f"{m:>4} {name:<22} {t * 1e3:9.3f} {wb / t / 1e9:7.1f} "
+                        f"{100 * wb / t / bw:4.0f}% {flops / 1e9:8.1f} {pk:>6} {best:>7}")
+                if loaded:
+                    tl = loaded[(n, k, name, m)]
+                    line += f" {tl * 1e3:10.3f} {tl / t:7.1f}x"
+                print(line, flush=True)
+        del built, xs
+
+    # Dispatch rule: the smallest M of the run from which dequantize + matmul wins everywhere.
+    if "awq_gemm bf16" in names and "awq dequant+mm" in names:
+        wins = [m for m in ms if all(results[(n, k, "awq dequant+mm", m)] < results[(n, k, "awq_gemm bf16", m)]
+                                     for n, k in shapes)]
+        rule = min(wins) if wins else None
+        print("\ndispatch rule (bf16): awq_dequantize + torch.matmul beats awq_gemm from M = "
+              f"{rule if rule else 'never (in the M values of this run)'}; ratios (dequant+mm / "
+              "awq_gemm) per M: " + ", ".join(
+                  f"{m}: " + "/".join(f"{results[(n, k, 'awq dequant+mm', m)] / results[(n, k, 'awq_gemm bf16', m)]:.2f}"
+                                       for n, k in shapes) for m in ms))
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+// CPU kernel of awq_gemm: x [M, K] (fp16/bf16) times an AutoAWQ weight, read in AutoAWQ's own
+// layout on every call (qweight int32 [K, N/8], qzeros int32 [G, N/8], scales [G, N]).
+//
+// Torch-free: raw pointers and sizes; the binding (awq.cpp) checks the tensors and runs
+// chunk_avx512 / chunk_scalar (this file, the tile path) or chunk_lut / chunk_lut_scalar
+// (awq_gemm_cpu_lut.h, the lookup path for M <= 4) over work items on its threads.
+//
+// Numerics of the tile path (README "Numerics"; identical on every ISA path, and independent of
+// threads and of the K strips, because every output column is summed by one chain in one fixed
+// order; the lookup path rounds the weights the same way and gives its own order there):
+//   w[k, n] = T(fma(q, s, (-z) * s)),   q, z the codes, s the scale of group k / (K / G),
+// where (-z) * s and q * s are exact in fp32 (a 4-bit integer times an 8- or 11-bit mantissa),
+// so the fma is the exact (q - z) * s, +0 when q == z, and T() is the one rounding to the
+// activation dtype (round to nearest even). Then, in fp32:
+//   fp16: acc = fma(x[m, k], w[k, n], acc) for k = 0, 1, ..., K-1;
+//   bf16: per pair (k, k+1), k even: acc = fma(x[k+1], w[k+1], acc); acc = fma(x[k], w[k], acc),
+//         which is what vdpbf16ps computes (its bf16 x bf16 products are exact in fp32; it adds
+//         the odd element first: measured on this CPU and as Intel's pseudocode states); with K
+//         odd the last pair is (x[K-1], 0) x (w[K-1], 0).
+// The bf16 rounding follows vcvtne2ps2bf16: RNE, a NaN made quiet, a denormal fp32 value
+// flushed to a signed zero (a weight below 1.2e-38: only a denormal scale gives one). vdpbf16ps
+// flushes denormal sums too; the portable path does not, so the two can differ only where a
+// partial sum falls below 1.2e-38 in magnitude.
+// The output is rounded once to T.
+//
+// Column block: 64 columns = 8 words per row. The SIMD decode reads the block's 32 bytes as
+// two runs of 16 and zero-extends each byte to an int32 lane; a lane's low nibble is one column
+// and its high nibble another (AutoAWQ stores column 8w + j at nibble {0,4,1,5,2,6,3,7}[j] of
+// word w), so the four vectors of a row hold the columns in "lane order":
+//   lane p = 16 v + l  <->  column 32 (v / 2) + 8 (l / 4) + kLaneCol[v % 2][l % 4].
+// Scales and zero points are permuted into lane order once per group and block; the
+// accumulators are put back into column order when the output is written.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+
+namespace w4k {
+namespace awq_cpu {
+
+constexpr int64_t kBlockN = 64;     // columns per block (8 words, half a 64-byte line)
+constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns, 2 lines a row
+constexpr int64_t kStripK = 128;    // rows of K per strip (the decoded tile stays in L1)
+constexpr int kLaneCol[2][4] = {{0, 4, 1, 5}, {2, 6, 3, 7}};
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column 8w + j is nibble kAwqNibble[j]
+
+constexpr int lane_column(int p) {
+  return 32 * (p / 32) + 8 * ((p % 16) / 4) + kLaneCol[(p / 16) % 2][p % 4];
+}
+
+enum class Dtype { kHalf, kBFloat16 };
+
+// ---- scalar helpers (shared by every path) ---------------------------------------------------
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// fp32 -> bf16 as vcvtne2ps2bf16 does it (RNE, quiet NaN, denormal -> signed zero).
+inline uint16_t round_bf16(float v) {
+  const uint32_t u = float_to_bits(v);
+  if (std::isnan(v)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  if (std::fabs(v) < std::numeric_limits<float>::min()) return static_cast<uint16_t>((u >> 16) & 0x8000);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+inline float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+
+// fp32 -> fp16 bits, RNE with denormals and NaN kept (what vcvtps2ph does).
+inline uint16_t round_half(float v) {
+  const uint32_t u = float_to_bits(v);
+  const uint32_t sign = (u >> 16) & 0x8000;
+  const uint32_t a = u & 0x7FFFFFFF;
+  if (a > 0x7F800000) return static_cast<uint16_t>(sign | 0x7E00 | ((a >> 13) & 0x3FF));
+  if (a >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);  // rounds to >= 65520: inf
+  if (a < 0x38800000) {                                              // below 2^-14: denormal
+    // Exact via the float adder: 0.5 (2^-1) has ulp 2^-24 = the fp16 denormal step.
+    const float d = bits_to_float(a) + 0.5f;
+    return static_cast<uint16_t>(sign | (float_to_bits(d) - float_to_bits(0.5f)));
+  }
+  const uint32_t r = a + 0xFFF + ((a >> 13) & 1) - (112u << 23);  // rebias 127 -> 15, RNE
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t e = (h >> 10) & 31, m = h & 0x3FF;
+  if (e == 0) return bits_to_float(sign) + (sign ? -1.0f : 1.0f) * static_cast<float>(m) * 0x1p-24f;
+  if (e == 31) return bits_to_float(sign | 0x7F800000 | (m << 13));
+  return bits_to_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+template <Dtype D>
+inline float to_float(uint16_t h) {
+  return D == Dtype::kHalf ? half_to_float(h) : bf16_to_float(h);
+}
+template <Dtype D>
+inline uint16_t round_to(float v) {
+  return D == Dtype::kHalf ? round_half(v) : round_bf16(v);
+}
+
+// The arguments of one call; pointers to 16-bit patterns of T.
+struct Problem {
+  const uint16_t* x;  // [M, K], row stride ldx
+  int64_t ldx;
+  const int32_t* qweight;  // [K, N/8]
+  const uint16_t* scales;  // [G, N]
+  const int32_t* qzeros;   // [G, N/8]
+  int64_t size_m, size_k, size_n, groups;
+  uint16_t* out;  // [M, N], contiguous
+};
+
+// Per-thread scratch: sized by scratch_floats().
+inline int64_t scratch_floats(int64_t size_m) {
+  return size_m * kChunkBlocks * kBlockN      // accumulators of one chunk, lane order
+         + kStripK * kBlockN                  // one decoded strip (fp32 or bf16 pairs)
+         + (kStripK + 2) * 2 * kBlockN;       // scales / zero products of the strip's groups
+}
+
+// ---- portable path: the same operations, column by column ------------------------------------
+
+template <Dtype D>
+void chunk_scalar(const Problem& pb, int64_t n_begin, int64_t n_end) {
+  const int64_t group_size = pb.size_k / pb.groups, words = pb.size_n / 8;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int shift = 4 * kAwqNibble[n % 8];
+    for (int64_t m = 0; m < pb.size_m; ++m) {
+      const uint16_t* xr = pb.x + m * pb.ldx;
+      auto weight = [&](int64_t k) {
+        const int64_t g = k / group_size;
+        const float s = to_float<D>(pb.scales[g * pb.size_n + n]);
+        const float z = static_cast<float>((static_cast<uint32_t>(pb.qzeros[g * words + n / 8]) >> shift) & 15);
+        const float q = static_cast<float>((static_cast<uint32_t>(pb.qweight[k * words + n / 8]) >> shift) & 15);
+        return to_float<D>(round_to<D>(std::fma(q, s, (-z) * s)));
+      };
+      float acc = 0.0f;
+      if (D == Dtype::kHalf) {
+        for (int64_t k = 0; k < pb.size_k; ++k) acc = std::fma(to_float<D>(xr[k]), weight(k), acc);
+      } else {
+        int64_t k = 0;
+        for (; k + 2 <= pb.size_k; k += 2) {
+          acc = std::fma(to_float<D>(xr[k + 1]), weight(k + 1), acc);
+          acc = std::fma(to_float<D>(xr[k]), weight(k), acc);
+        }
+        if (k < pb.size_k) acc = std::fma(to_float<D>(xr[k]), weight(k), acc + 0.0f);
+      }
+      pb.out[m * pb.size_n + n] = round_to<D>(acc);
+    }
+  }
+}
+
+// ---- AVX-512 path (tile) ---------------------------------------------------------------------
+
+#define W4K_AWQ_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,f16c,fma")))
+
+// Scales and (-z) * s of one group for one block, lane order.
+struct alignas(64) BlockParams {
+  float s[kBlockN];
+  float zs[kBlockN];
+};
+
+W4K_AWQ_AVX512 inline __m512 f16_to_f32(__m256i h, Dtype d) {
+  return d == Dtype::kHalf ? _mm512_cvtph_ps(h)
+                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// The 4 code vectors of one row of a block (lane order); `words` = valid words (1..8).
+template <bool kFull>
+W4K_AWQ_AVX512 inline void decode_codes(const int32_t* q, int64_t words, __m512i c[4]) {
+  __m128i lo, hi;
+  if constexpr (kFull) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 4));
+  } else {
+    const unsigned mask = (1u << words) - 1;
+    lo = _mm_maskz_loadu_epi32(static_cast<__mmask8>(mask & 15), q);
+    hi = _mm_maskz_loadu_epi32(static_cast<__mmask8>(mask >> 4), q + 4);
+  }
+  const __m512i b0 = _mm512_cvtepu8_epi32(lo), b1 = _mm512_cvtepu8_epi32(hi);
+  const __m512i low4 = _mm512_set1_epi32(15);
+  c[0] = _mm512_and_si512(b0, low4);
+  c[1] = _mm512_srli_epi32(b0, 4);
+  c[2] = _mm512_and_si512(b1, low4);
+  c[3] = _mm512_srli_epi32(b1, 4);
+}
+
+// Lane-order indices for _mm512_permutex2var_ps: lanes of vector v (0/1) from columns 0..31.
+W4K_AWQ_AVX512 inline __m512i lane_index(int v) {
+  alignas(64) int32_t idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = lane_column(16 * v + l);
+  return _mm512_load_si512(idx);
+}
+
+template <Dtype D>
+W4K_AWQ_AVX512 void load_params(const Problem& pb, int64_t g, int64_t n0, int64_t words,
+                                BlockParams& p) {
+  __m512i zc[4];
+  const int32_t* qz = pb.qzeros + g * (pb.size_n / 8) + n0 / 8;
+  if (words == 8)
+    decode_codes<true>(qz, 8, zc);
+  else
+    decode_codes<false>(qz, words, zc);
+  const uint16_t* s = pb.scales + g * pb.size_n + n0;
+  const int64_t ncols = 8 * words;
+  __m512 cols[4];
+  for (int j = 0; j < 4; ++j) {
+    const int64_t left = ncols - 16 * j;
+    const __mmask16 m = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+    cols[j] = f16_to_f32(_mm256_maskz_loadu_epi16(m, s + 16 * j), D);
+  }
+  const __m512i i0 = lane_index(0), i1 = lane_index(1);
+  const __m512 sv[4] = {_mm512_permutex2var_ps(cols[0], i0, cols[1]),
+                        _mm512_permutex2var_ps(cols[0], i1, cols[1]),
+                        _mm512_permutex2var_ps(cols[2], i0, cols[3]),
+                        _mm512_permutex2var_ps(cols[2], i1, cols[3])};
+  for (int j = 0; j < 4; ++j) {
+    // (-z) by a sign flip, so z = 0 gives -0 exactly as the portable (-z) * s does.
+    const __m512 negz = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(_mm512_cvtepi32_ps(zc[j])), _mm512_set1_epi32(INT32_MIN)));
+    _mm512_store_ps(p.s + 16 * j, sv[j]);
+    _mm512_store_ps(p.zs + 16 * j, _mm512_mul_ps(negz, sv[j]));
+  }
+}
+
+// Exact (q - z) * s of one row, 4 vectors in lane order.
+template <bool kFull>
+W4K_AWQ_AVX512 inline void decode_row(const int32_t* q, int64_t words, const BlockParams& p,
+                                      __m512 w[4]) {
+  __m512i c[4];
+  decode_codes<kFull>(q, words, c);
+  for (int j = 0; j < 4; ++j)
+    w[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[j]), _mm512_load_ps(p.s + 16 * j),
+                           _mm512_load_ps(p.zs + 16 * j));
+}
+
+// Word order that turns cvtne2ps2bf16(row k+1, row k) (row k in words 0..15, row k+1 in
+// 16..31) into pairs: 32-bit lane i = (w[k, i], w[k+1, i]).
+W4K_AWQ_AVX512 inline __m512i pair_index() {
+  alignas(64) int16_t idx[32];
+  for (int i = 0; i < 16; ++i) idx[2 * i] = static_cast<int16_t>(i), idx[2 * i + 1] = static_cast<int16_t>(16 + i);
+  return _mm512_load_si512(idx);
+}
+
+// Decode rows [k0, k0 + kb) of one block into `tile`:
+//   fp16: row r as 4 fp32 vectors, w rounded through fp16: tile[(r * 4 + j) * 16 + lane];
+//   bf16: row pair r/2 as 4 vectors of bf16 pairs: tile[(r/2 * 4 + j) * 16 + lane] (32 bits).
+// `rows` holds each row's BlockParams.
+template <Dtype D, bool kFull>
+W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
+                                 const BlockParams* const* rows, float* tile) {
+  if constexpr (D == Dtype::kHalf) {
+    for (int64_t r = 0; r < kb; ++r) {
+      __m512 w[4];
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T0);
+      decode_row<kFull>(q + r * ldq, words, *rows[r], w);
+      for (int j = 0; j < 4; ++j)
+        _mm512_store_ps(tile + (r * 4 + j) * 16,
+                        _mm512_cvtph_ps(_mm512_cvtps_ph(w[j], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+  } else {
+    const __m512i pidx = pair_index();
+    for (int64_t r = 0; r < kb; r += 2) {
+      __m512 w0[4], w1[4];
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStripK) * ldq), _MM_HINT_T0);
+      decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
+      if (r + 1 < kb) {
+        decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
+      } else {
+        for (int j = 0; j < 4; ++j) w1[j] = _mm512_setzero_ps();
+      }
+      for (int j = 0; j < 4; ++j) {
+        const __m512i t = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w1[j], w0[j]));
+        _mm512_store_si512(tile + (r / 2 * 4 + j) * 16, _mm512_permutexvar_epi16(pidx, t));
+      }
+    }
+  }
+}
+
+// acc[m, 64 lanes] += the strip's products for MR rows of x (registers across the strip).
+//   fp16: xf = fp32 activations [M, K] (row stride K); bf16: x pairs read from pb.x.
+template <Dtype D, int MR>
+W4K_AWQ_AVX512 inline void strip_rows(const Problem& pb, const float* xf, int64_t m0, int64_t k0,
+                                      int64_t kb, const float* tile, float* acc, int64_t ldacc) {
+  __m512 c[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) c[r][j] = _mm512_loadu_ps(acc + (m0 + r) * ldacc + 16 * j);
+  if constexpr (D == Dtype::kHalf) {
+    for (int64_t k = 0; k < kb; ++k) {
+      const float* t = tile + k * 64;
+      const __m512 w0 = _mm512_load_ps(t), w1 = _mm512_load_ps(t + 16), w2 = _mm512_load_ps(t + 32),
+                   w3 = _mm512_load_ps(t + 48);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xv = _mm512_set1_ps(xf[(m0 + r) * pb.size_k + k0 + k]);
+        c[r][0] = _mm512_fmadd_ps(xv, w0, c[r][0]);
+        c[r][1] = _mm512_fmadd_ps(xv, w1, c[r][1]);
+        c[r][2] = _mm512_fmadd_ps(xv, w2, c[r][2]);
+        c[r][3] = _mm512_fmadd_ps(xv, w3, c[r][3]);
+      }
+    }
+  } else {
+    const int64_t pairs = kb / 2;
+    for (int64_t k = 0; k < pairs; ++k) {
+      const float* t = tile + k * 64;
+      const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_load_si512(t)),
+                     w1 = reinterpret_cast<__m512bh>(_mm512_load_si512(t + 16)),
+                     w2 = reinterpret_cast<__m512bh>(_mm512_load_si512(t + 32)),
+                     w3 = reinterpret_cast<__m512bh>(_mm512_load_si512(t + 48));
+      for (int r = 0; r < MR; ++r) {
+        int32_t xp;
+        std::memcpy(&xp, pb.x + (m0 + r) * pb.ldx + k0 + 2 * k, 4);
+        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(xp));
+        c[r][0] = _mm512_dpbf16_ps(c[r][0], xv, w0);
+        c[r][1] = _mm512_dpbf16_ps(c[r][1], xv, w1);
+        c[r][2] = _mm512_dpbf16_ps(c[r][2], xv, w2);
+        c[r][3] = _mm512_dpbf16_ps(c[r][3], xv, w3);
+      }
+    }
+    if (kb % 2) {  // the last row of an odd K: pair (x[K-1], 0)
+      const float* t = tile + pairs * 64;
+      for (int r = 0; r < MR; ++r) {
+        const int32_t xp = pb.x[(m0 + r) * pb.ldx + k0 + kb - 1];
+        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(xp));
+        for (int j = 0; j < 4; ++j)
+          c[r][j] = _mm512_dpbf16_ps(c[r][j], xv, reinterpret_cast<__m512bh>(_mm512_load_si512(t + 16 * j)));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + (m0 + r) * ldacc + 16 * j, c[r][j]);
+}
+
+template <Dtype D>
+W4K_AWQ_AVX512 void strip_all_rows(const Problem& pb, const float* xf, int64_t k0, int64_t kb,
+                                   const float* tile, float* acc, int64_t ldacc) {
+  constexpr int kMR = 6;  // 24 accumulators + 4 weights + 1 broadcast of 32 zmm
+  int64_t m = 0;
+  for (; m + kMR <= pb.size_m; m += kMR) strip_rows<D, kMR>(pb, xf, m, k0, kb, tile, acc, ldacc);
+  switch (pb.size_m - m) {
+    case 5: strip_rows<D, 5>(pb, xf, m, k0, kb, tile, acc, ldacc); break;
+    case 4: strip_rows<D, 4>(pb, xf, m, k0, kb, tile, acc, ldacc); break;
+    case 3: strip_rows<D, 3>(pb, xf, m, k0, kb, tile, acc, ldacc); break;
+    case 2: strip_rows<D, 2>(pb, xf, m, k0, kb, tile, acc, ldacc); break;
+    case 1: strip_rows<D, 1>(pb, xf, m, k0, kb, tile, acc, ldacc); break;
+    default: break;
+  }
+}
+
+// Columns [n_begin, n_end) (n_begin a multiple of 64; n_end a multiple of 8) of the output.
+// The strip loop is outside the block loop so a chunk's rows (2 lines each) are read once.
+template <Dtype D>
+W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_begin, int64_t n_end,
+                                 float* scratch) {
+  const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
+  const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
+  const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * M * 64, [m][lane]
+  float* acc = scratch;
+  float* tile = acc + pb.size_m * kChunkBlocks * kBlockN;
+  BlockParams* params = reinterpret_cast<BlockParams*>(tile + kStripK * kBlockN);
+  const BlockParams* rows[kStripK];
+  std::memset(acc, 0, sizeof(float) * pb.size_m * nblocks * kBlockN);
+  for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
+    const int64_t kb = std::min(kStripK, pb.size_k - k0);
+    const int64_t g0 = k0 / group_size, g1 = (k0 + kb - 1) / group_size;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t n0 = n_begin + b * kBlockN;
+      const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
+      for (int64_t g = g0; g <= g1; ++g) load_params<D>(pb, g, n0, words, params[g - g0]);
+      for (int64_t r = 0; r < kb; ++r) rows[r] = &params[(k0 + r) / group_size - g0];
+      const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
+      if (words == 8)
+        decode_strip<D, true>(q, ldq, kb, words, rows, tile);
+      else
+        decode_strip<D, false>(q, ldq, kb, words, rows, tile);
+      strip_all_rows<D>(pb, xf, k0, kb, tile, acc + b * pb.size_m * kBlockN, ldacc);
+    }
+  }
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t n0 = n_begin + b * kBlockN;
+    const int64_t ncols = std::min(kBlockN, n_end - n0);
+    for (int64_t m = 0; m < pb.size_m; ++m) {
+      const float* a = acc + (b * pb.size_m + m) * kBlockN;
+      uint16_t* o = pb.out + m * pb.size_n + n0;
+      for (int p = 0; p < kBlockN; ++p)
+        if (lane_column(p) < ncols) o[lane_column(p)] = round_to<D>(a[p]);
+    }
+  }
+}
+
+
+}  // namespace awq_cpu
+}  // namespace w4k

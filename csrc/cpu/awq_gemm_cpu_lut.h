@@ -1,0 +1,278 @@
+// CPU awq_gemm, the lookup (decode) path for small M: K in lanes, weights looked up in
+// per-group tables. Shares the helpers, Problem and the numerics of awq_gemm_cpu.h.
+//
+#pragma once
+
+#include "cpu/awq_gemm_cpu.h"
+
+namespace w4k {
+namespace awq_cpu {
+
+// For M <= kLutMaxM rows the tile path's per-element work (convert, fma, round, pair) costs
+// more than streaming the weight. This path instead:
+//  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
+//    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
+//  * for byte b of word w, whose low nibble is column lo = 8w + kLaneCol[0][b] and high nibble
+//    column hi = 8w + kLaneCol[1][b], builds 32 indices (words 0..15: rows 0..15 of lo, words
+//    16..31: rows 0..15 of hi, + 16) with one vpermt2b from (T_w, T_w >> 4) and one vpternlogd;
+//  * looks the bf16 weights up with one vpermw in that pair's table of the group: entries
+//    0..15 = T(fma(v, s_lo, (-z_lo) s_lo)) for v = 0..15, entries 16..31 the same for hi;
+//  * multiplies with one vdpbf16ps against x[16t .. 16t+15] (bf16 pairs, in both halves); fp16
+//    tables hold fp16 values, widened and multiplied by fp32 x (lut_rows).
+// Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
+// takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
+// lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 4
+// and group_size and K are multiples of 16 (tiles never straddle a group).
+constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
+constexpr int64_t kLutStrip = 64;      // rows per strip (a multiple of 16; cut at groups)
+constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
+// Lines per work item: 4 (512 columns) at M <= 4, where the weight stream is the cost and
+// longer row segments help; 1 above, where the lane sums of 48 rows need the room.
+inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
+
+// Measured (bench_cpu_gemm.py, 4096x4096): above M = 4 the tile path, which decodes a weight
+// tile once for all rows, is faster than looking the weights up again per 8 rows.
+constexpr int64_t kLutMaxM = 4;
+inline bool lut_path_applies(int64_t size_m, int64_t size_k, int64_t group_size) {
+  return size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
+}
+
+// Scratch floats of the LUT path per thread.
+inline int64_t lut_scratch_floats(int64_t size_m) {
+  const int64_t lines = lut_lines(size_m), rows = std::min(size_m, kLutMBlock);
+  return lines * 64 * 32 * rows         // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
+         + lines * 64 * 16              // tables of one group: [line][pair][32 bf16]
+         + (kLutStrip / 16) * 16 * 16;  // transposed strip: [tile][word][16 rows]
+}
+
+// Portable mirror of the LUT path for columns [n_begin, n_end).
+template <Dtype D>
+void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end, int64_t m_begin,
+                      int64_t m_end) {
+  constexpr int kLanes = D == Dtype::kBFloat16 ? 8 : 16;
+  const int64_t group_size = pb.size_k / pb.groups, words = pb.size_n / 8;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int shift = 4 * kAwqNibble[n % 8];
+    for (int64_t m = m_begin; m < m_end; ++m) {
+      const uint16_t* xr = pb.x + m * pb.ldx;
+      float lane[16] = {};
+      for (int64_t k0 = 0; k0 < pb.size_k; k0 += 16) {
+        const int64_t g = k0 / group_size;
+        const float s = to_float<D>(pb.scales[g * pb.size_n + n]);
+        const float z = static_cast<float>((static_cast<uint32_t>(pb.qzeros[g * words + n / 8]) >> shift) & 15);
+        auto weight = [&](int64_t k) {
+          const float q = static_cast<float>((static_cast<uint32_t>(pb.qweight[k * words + n / 8]) >> shift) & 15);
+          return to_float<D>(round_to<D>(std::fma(q, s, (-z) * s)));
+        };
+        for (int j = 0; j < kLanes; ++j) {
+          if (D == Dtype::kBFloat16) {
+            for (int64_t k : {k0 + 2 * j + 1, k0 + 2 * j})
+              lane[j] = std::fma(to_float<D>(xr[k]), weight(k), lane[j]);
+          } else {
+            lane[j] = std::fma(to_float<D>(xr[k0 + j]), weight(k0 + j), lane[j]);
+          }
+        }
+      }
+      float acc = lane[0];
+      for (int j = 1; j < kLanes; ++j) acc += lane[j];
+      pb.out[m * pb.size_n + n] = round_to<D>(acc);
+    }
+  }
+}
+
+// 16 x 16 transpose of dwords: r[i] holds row i on entry and column i on exit.
+W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Now lane L of r[4a + c] holds rows 4a..4a+3 of column 4L + c; gather the four a's.
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);       // lanes 0,2 of each
+    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);   // lanes 1,3 of each
+    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xDD);
+  }
+}
+
+// Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 bf16 (lo: 0..15, hi: 16..31).
+// Scales and (-z) * s come from load_params (lane order: word w, byte b, half h of a 64-column
+// block is lane 16 (2 (w / 4) + h) + 4 (w % 4) + b), so the values are those of the other paths.
+template <Dtype D>
+W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t words, float* tab) {
+  const __m512 v = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t bw = std::min<int64_t>(8, words - 8 * half);
+    if (bw <= 0) {
+      std::memset(tab + half * 32 * 16, 0, sizeof(float) * 32 * 16);
+      continue;
+    }
+    BlockParams p;
+    load_params<D>(pb, g, n0 + 64 * half, bw, p);
+    for (int w = 0; w < 8; ++w)
+      for (int b = 0; b < 4; ++b) {
+        __m512 e[2];
+        for (int h = 0; h < 2; ++h) {
+          const int lane = 16 * (2 * (w / 4) + h) + 4 * (w % 4) + b;
+          e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(p.s[lane]), _mm512_set1_ps(p.zs[lane]));
+        }
+        __m512i t;
+        if constexpr (D == Dtype::kBFloat16) {
+          t = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[1], e[0]));
+        } else {
+          constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+          t = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtps_ph(e[0], kRne)),
+                                 _mm512_cvtps_ph(e[1], kRne), 1);
+        }
+        _mm512_store_si512(tab + (4 * (8 * half + w) + b) * 16, t);
+      }
+  }
+}
+
+// Rows [m0, m0 + MR) x word w of one line, over the strip's tiles: lane sums in `lane`
+// ([m - m_begin][pair][kLaneFloats]) are loaded, advanced and stored back.
+// bf16: 2 pairs per pass (2 MR accumulators); fp16: 1 pair per pass (halves lo/hi: 2 MR), the
+// looked-up halves widened (vcvtph2ps) and multiplied by fp32 activations xf; lane j of a
+// column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
+template <Dtype D, int MR>
+W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
+                             int64_t w, int64_t k0, int64_t tiles, const float* tab,
+                             const float* tbuf, float* lane, const __m512i bsel[4]) {
+  // Pairs per pass: as many as keep 16 accumulators (bf16: one per pair, fp16: two).
+  constexpr int kPairs = D == Dtype::kBFloat16 ? (MR <= 4 ? 4 : 2) : (MR <= 4 ? 2 : 1);
+  constexpr int kAcc = D == Dtype::kBFloat16 ? kPairs : 2 * kPairs;
+  const __m512i low4 = _mm512_set1_epi16(15);
+  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+  for (int b0 = 0; b0 < 4; b0 += kPairs) {
+    __m512 c[MR][kAcc];  // bf16: [m][pair b0 + j]; fp16: [m][2 (pair - b0) + half]
+    auto at = [&](int m, int j) {
+      return D == Dtype::kBFloat16 ? lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16
+                                   : lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
+    };
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kAcc; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+    __m512i tb[kPairs];
+    for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+      const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+      for (int j = 0; j < kPairs; ++j) {
+        const __m512i idx = _mm512_ternarylogic_epi32(
+            _mm512_permutex2var_epi8(tw, bsel[b0 + j], tw4), low4, upper, 0xEA);
+        const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
+        if constexpr (D == Dtype::kBFloat16) {
+          for (int m = 0; m < MR; ++m) {
+            const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(pb.x + (m0 + m) * pb.ldx + k0 + 16 * t))));
+            c[m][j] = _mm512_dpbf16_ps(c[m][j], xv, reinterpret_cast<__m512bh>(wv));
+          }
+        } else {
+          const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+          const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+          for (int m = 0; m < MR; ++m) {
+            const __m512 xv = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
+            c[m][2 * j] = _mm512_fmadd_ps(xv, wlo, c[m][2 * j]);
+            c[m][2 * j + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * j + 1]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < kAcc; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+  }
+}
+
+// Columns [n0, n1) (at most lut_lines(M) lines) x rows [m_begin, m_end) (at most kLutMBlock).
+template <Dtype D>
+W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
+                              int64_t m_begin, int64_t m_end, float* scratch) {
+  constexpr int64_t kLaneFloats = D == Dtype::kBFloat16 ? 16 : 32;  // per pair
+  const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
+  const int64_t words_all = (n1 - n0) / 8, rows = m_end - m_begin;
+  const int64_t lines = (words_all + kLutLineWords - 1) / kLutLineWords;
+  float* lanes = scratch;                                 // [line][m][64 pairs][lanes]
+  float* tabs = lanes + lines * 64 * kLaneFloats * rows;  // [line][64 pairs][16 dwords]
+  float* tbuf = tabs + lines * 64 * 16;                   // [tile][16 words][16 rows]
+  std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * rows);
+  alignas(64) int8_t bidx[4][64];
+  for (int b = 0; b < 4; ++b)
+    for (int r = 0; r < 32; ++r) {
+      bidx[b][2 * r] = static_cast<int8_t>(r < 16 ? 4 * r + b : 64 + 4 * (r - 16) + b);
+      bidx[b][2 * r + 1] = 0;
+    }
+  __m512i bsel[4];
+  for (int b = 0; b < 4; ++b) bsel[b] = _mm512_load_si512(bidx[b]);
+  for (int64_t g = 0; g < pb.groups; ++g) {
+    for (int64_t l = 0; l < lines; ++l)
+      lut_tables<D>(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
+                    tabs + l * 64 * 16);
+    // Strips outer, lines inner: the strip's rows (64, one 4 KiB page each when N >= 8192)
+    // stay in the TLB while all lines of the work item are read, so a page costs one TLB miss
+    // per work item, not one per line. The next strip is prefetched into L2 (into L1 it
+    // would evict the strip in use: 4 lines x 64 rows = 16 KiB of 32).
+    for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
+      const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
+      for (int64_t l = 0; l < lines; ++l) {
+        const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
+        const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
+        const int32_t* qline = pb.qweight + n0 / 8 + 16 * l;
+        for (int64_t t = 0; t < tiles; ++t) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i) {
+            const int32_t* row = qline + (k0 + 16 * t + i) * ldq;
+            _mm_prefetch(reinterpret_cast<const char*>(row + kLutStrip * ldq), _MM_HINT_T1);
+            r[i] = _mm512_maskz_loadu_epi32(wmask, row);
+          }
+          transpose16(r);
+          for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
+        }
+        const float* tab = tabs + l * 64 * 16;
+        float* lane = lanes + l * 64 * kLaneFloats * rows;
+        for (int64_t w = 0; w < words; ++w) {
+          int64_t m = m_begin;
+          for (; m + 8 <= m_end; m += 8)
+            lut_rows<D, 8>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel);
+          switch (m_end - m) {
+            case 7: lut_rows<D, 7>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 6: lut_rows<D, 6>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 5: lut_rows<D, 5>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 4: lut_rows<D, 4>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 3: lut_rows<D, 3>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 2: lut_rows<D, 2>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 1: lut_rows<D, 1>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            default: break;
+          }
+        }
+      }
+    }
+  }
+  constexpr int kLanes = kLaneFloats / 2;
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t w = 0; w < words; ++w)
+        for (int b = 0; b < 4; ++b)
+          for (int h = 0; h < 2; ++h) {
+            const float* a = lanes + ((l * rows + m) * 64 + 4 * w + b) * kLaneFloats + kLanes * h;
+            float acc = a[0];
+            for (int j = 1; j < kLanes; ++j) acc += a[j];
+            pb.out[(m_begin + m) * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] = round_to<D>(acc);
+          }
+  }
+}
+
+}  // namespace awq_cpu
+}  // namespace w4k

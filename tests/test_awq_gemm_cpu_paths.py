@@ -1,0 +1,97 @@
+"""awq_gemm on the CPU: every kernel path gives the same bits, on the shapes that pick each path.
+
+The CPU kernel (csrc/cpu/awq_gemm_cpu.h) has, per activation dtype and ISA:
+  * bf16, M <= 4, K and group size multiples of 16: the table-lookup decode path (K in lanes);
+  * otherwise the tile path (a K strip of 64 columns decoded once, 6-row micro-kernel);
+and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX-512 BF16/VBMI) that
+performs the same roundings and the same fma chain per output, so the bits must agree. The
+results are also checked against the float64 reference (tests/numerics.py bound).
+"""
+
+import pytest
+import torch
+
+import golden
+from numerics import assert_gemm_close
+from w4kernels import reference
+
+pytestmark = pytest.mark.skipif(not hasattr(torch.ops.w4kernels, "awq_gemm"),
+                                reason="w4kernels._C not built")
+
+
+def _awq(size_k, size_n, group_size, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    groups = size_k // group_size
+    qweight = torch.randint(-2**31, 2**31 - 1, (size_k, size_n // 8), dtype=torch.int32, generator=g)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (groups, size_n // 8), dtype=torch.int32, generator=g)
+    scales = (torch.rand(groups, size_n, generator=g) * 0.02 + 1e-3).to(dtype)
+    scales[0, :5] = -scales[0, :5]  # negative scales: q == z must still give +0
+    return qweight, scales, qzeros
+
+
+def _run(monkeypatch, isa, threads, x, qw, s, qz):
+    monkeypatch.setenv("W4K_CPU_ISA", isa)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    finally:
+        torch.set_num_threads(old)
+
+
+# (M, K, N, group size, dtype): which path each exercises is in the comment.
+CASES = [
+    (1, 256, 320, 32, torch.bfloat16),     # lookup path, a line and a half (partial line)
+    (2, 256, 1088, 64, torch.bfloat16),    # lookup path, two work items (8 lines each) + tail
+    (3, 128, 136, 128, torch.bfloat16),    # lookup path, N = 136: a 1-word tail
+    (4, 512, 64, 128, torch.bfloat16),     # lookup path, M = 4
+    (1, 11008, 192, 128, torch.bfloat16),  # lookup path, K = 11008 (86 groups)
+    (5, 11008, 192, 128, torch.bfloat16),  # tile path, K = 11008, 86 strips
+    (1, 11008, 192, 128, torch.float16),   # tile path (fp16), K = 11008
+    (3, 200, 136, 40, torch.bfloat16),     # tile path at small M: group size not a multiple of 16
+    (2, 105, 64, 35, torch.bfloat16),      # tile path, K odd: the last bf16 pair is (x, 0)
+    (2, 105, 64, 35, torch.float16),
+    (7, 136, 72, 8, torch.float16),        # K not a multiple of the 128-row strip, group 8
+    (299, 256, 128, 64, torch.bfloat16),   # tile path, M = 49 * 6 + 5
+    (300, 256, 128, 64, torch.float16),    # tile path, M = 50 * 6
+    (16, 4096, 64, 32, torch.bfloat16),    # tile path, group 32
+]
+
+
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size,dtype", CASES)
+def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, group_size, dtype):
+    qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m + size_k)
+    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
+    simd2 = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    simd1 = _run(monkeypatch, "avx512", 1, x, qw, s, qz)
+    portable = _run(monkeypatch, "scalar", 2, x, qw, s, qz)
+    assert golden.same_bits(simd2, simd1), "threads 1 and 2 differ"
+    assert golden.same_bits(simd2, portable), "AVX-512 and portable paths differ"
+    w = reference.awq_dequantize(qw, s, qz)
+    assert_gemm_close(simd2, x.double() @ w.double(), x, w)
+
+
+def test_awq_gemm_cpu_lookup_path_summation_order(monkeypatch):
+    """Regression guard on the lookup path's fixed order: the same result whatever the column
+    position within a line, a work item or the tail (columns are independent sums)."""
+    qw, s, qz = _awq(64, 1024 + 128, 64, torch.bfloat16, seed=3)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    full = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    part = _run(monkeypatch, "avx512", 2, x, qw[:, -16:].contiguous(), s[:, -128:].contiguous(),
+                qz[:, -16:].contiguous())
+    assert golden.same_bits(full[:, -128:], part)
+
+
+@pytest.mark.parametrize("size_m", [2, 5])
+def test_awq_gemm_cpu_fp16_denormal_weights_bit_identical(monkeypatch, size_m):
+    """Scales of 1e-6..1e-5 make most fp16 weights denormal (< 2^-14): the portable rounding
+    (round_half) must match vcvtps2ph there too, on the lookup (M = 2) and tile (M = 5) paths."""
+    qw, s, qz = _awq(256, 128, 64, torch.float16, seed=size_m)
+    s = (s.float() * 5e-4).half()
+    assert (s.abs() < 2.0**-14).all()
+    x = torch.randn(size_m, 256, generator=torch.Generator().manual_seed(9)).half()
+    simd = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    portable = _run(monkeypatch, "scalar", 1, x, qw, s, qz)
+    assert golden.same_bits(simd, portable)
+    w = reference.awq_dequantize(qw, s, qz)
+    assert_gemm_close(simd, x.double() @ w.double(), x, w)

@@ -1,0 +1,59 @@
+"""benchmarks/bench_cpu_gemm.py runs end to end (--quick: one small shape, a few seconds)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import w4kernels  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(not hasattr(torch.ops.w4kernels, "awq_gemm"),
+                                reason="w4kernels._C not built")
+
+
+def _bench(*args):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(w4kernels.__file__)))
+    out = subprocess.run([sys.executable, "benchmarks/bench_cpu_gemm.py", "--quick", *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_bench_cpu_gemm_quick_prints_every_row():
+    stdout = _bench()
+    rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
+    names = {" ".join(r[1:-6]) for r in rows}
+    for name in ["awq_gemm bf16", "awq_gemm fp16", "w4a16 gptq bf16", "w4a16 awq-zp bf16",
+                 "w4a16 act-order bf16", "kleidiai int8", "torch fp32", "torch bf16",
+                 "torch int4 bf16"]:
+        assert name in names, stdout
+    assert "read bandwidth probe" in stdout and "dispatch rule" in stdout
+    try:
+        import onnxruntime  # noqa: F401
+        assert "ort acc4" in names, stdout
+    except ImportError:
+        assert "ONNX Runtime rows skipped" in stdout
+
+
+def test_bench_cpu_gemm_background_load_prints_slowdowns():
+    stdout = _bench("--background-load", "1", "--methods", "awq_gemm bf16,torch bf16")
+    assert "slowdown" in stdout
+    assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] and line.rstrip().endswith("x")
+               for line in stdout.splitlines()), stdout
+
+
+def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():
+    """Regression: byte counts that include scale bytes are floats; the copy count (used as a
+    list length and modulus) must still be an int, and the copies must exceed 4 x L3."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_cpu_gemm as bench
+    finally:
+        sys.path.pop(0)
+    nbytes = 4096 * 4096 // 2 + 32 * 4096 * 2.5
+    c = bench.n_copies(nbytes, quick=False)
+    assert isinstance(c, int) and c * nbytes >= 4 * bench.L3_BYTES
+    assert bench.n_copies(nbytes, quick=True) == 2
