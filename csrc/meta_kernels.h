@@ -7,9 +7,9 @@
 // The expected device (served_device) is the first argument's that is not on meta, else meta:
 // all-meta calls pass, and a meta tensor mixed with CPU (or CUDA) ones fails exactly as the CPU
 // (or CUDA) kernel fails for that mix, with its message. Under FakeTensorMode every argument
-// looks like a meta tensor here; a fake-device mix is then reported by FakeTensorMode itself. What a Meta kernel
-// cannot check: values (perm is a permutation, g_idx sorted and in range, workspace zero), which
-// the host bindings check on the data.
+// looks like a meta tensor here; a fake-device mix is then reported by FakeTensorMode itself.
+// What a Meta kernel cannot check: values (perm is a permutation, g_idx sorted and in range,
+// workspace zero), which the host bindings check on the data.
 //
 // SymInt arguments stay symbolic where the batch dimension can be dynamic (size_m, x's and a's
 // rows); weight sizes are specialized (guard_int), as the kernels pick tilings from them.
