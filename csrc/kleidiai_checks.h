@@ -43,11 +43,12 @@ inline void check_block(const char* op, int64_t k, int64_t nr, int64_t kr, int64
   TORCH_CHECK(k % bl == 0, op, ": k must be a multiple of bl, got k=", k, ", bl=", bl);
 }
 
-inline void check_kai_sizes(const char* op, int64_t n, int64_t k) {
-  check_positive(op, "n", n);
-  check_positive(op, "k", k);
-  check_dim_bound(op, "n", n);
-  check_dim_bound(op, "k", k);
+inline void check_kai_sizes(const char* op, int64_t n, int64_t k, const char* n_name = "n",
+                            const char* k_name = "k") {
+  check_positive(op, n_name, n);
+  check_positive(op, k_name, k);
+  check_dim_bound(op, n_name, n);
+  check_dim_bound(op, k_name, k);
 }
 
 // mr (LHS rows interleaved per block) is a micro-kernel tile height: KleidiAI's kernels use 1..16.
@@ -112,6 +113,24 @@ inline void check_lhs_quant_pack_args(const at::Tensor& lhs, int64_t mr, int64_t
   check_nr_kr_sr(op, 1, kr, sr);
   TORCH_CHECK(lhs.sym_stride(1) == 1, op, ": lhs must have unit stride along K, got strides ",
               lhs.sym_strides());
+}
+
+// Per-row asymmetric int8 quantization of a NaN or an infinity has no meaning (the row's scale
+// becomes 0 or NaN and every code is garbage), so the quantizing ops reject them. Reads the
+// data: host tensors only (a Meta kernel has none).
+inline void check_finite_rows(const char* op, const char* name, const at::Tensor& x2d) {
+  if (x2d.device().type() != c10::DeviceType::CPU) return;
+  const float* p = x2d.data_ptr<float>();
+  const int64_t m = x2d.size(0), k = x2d.size(1), ld = x2d.stride(0);
+  for (int64_t r = 0; r < m; ++r) {
+    float acc = 0.f;  // x * 0 is NaN exactly for NaN and +-Inf: one multiply-add per element
+    for (int64_t c = 0; c < k; ++c) acc += p[r * ld + c] * 0.f;
+    if (acc == 0.f) continue;
+    for (int64_t c = 0; c < k; ++c)
+      TORCH_CHECK(std::isfinite(p[r * ld + c]), op, ": ", name, " must hold finite values (per-row "
+                  "int8 quantization has no NaN or infinity), got ", name, "[", r, ", ", c,
+                  "] = ", p[r * ld + c]);
+  }
 }
 
 // ---- matmuls --------------------------------------------------------------------------------
@@ -195,7 +214,7 @@ inline void check_dyn_quant_pack_args(const at::Tensor& weights, const at::Tenso
                                       c10::DeviceType device) {
   const char* op = "dyn_quant_pack_4bit_weight";
   const int64_t k = in_features, n = out_features;
-  check_kai_sizes(op, n, k);
+  check_kai_sizes(op, n, k, "out_features", "in_features");
   check_block_size(op, block_size, k);
   check_multiple(op, "in_features", k, 2);
   check_kai_input(op, "weights", weights, at::kByte, {n, k / 2}, device);
@@ -221,7 +240,9 @@ inline void check_dyn_quant_matmul_args(const at::Tensor& inp, const at::Tensor&
                                         int64_t out_features, c10::DeviceType device) {
   const char* op = "dyn_quant_matmul_4bit";
   const int64_t k = in_features, n = out_features;
-  check_kai_sizes(op, n, k);
+  check_kai_sizes(op, n, k, "out_features", "in_features");
+  // The internal matmul's int32 accumulators (check_kai_matmul_params), named as the caller's.
+  TORCH_CHECK(k <= 131072, op, ": in_features must be <= 131072 (int32 accumulators), got ", k);
   check_block_size(op, block_size, k);
   check_device(op, "inp", inp, device);
   TORCH_CHECK(inp.scalar_type() == at::kFloat || inp.scalar_type() == at::kBFloat16, op,
@@ -237,7 +258,7 @@ inline void check_dyn_quant_matmul_args(const at::Tensor& inp, const at::Tensor&
               expected, " bytes for in_features=", k, ", out_features=", n, ", block_size=",
               block_size, "), got dtype ", packed_weights.scalar_type(), " with ",
               packed_weights.sym_numel(), " elements");
-  // The internal matmul's own limits (k <= 131072), reported under this op's name.
+  // The internal matmul's remaining limits, reported under this op's name.
   check_kai_matmul_params(op, 0, n, k, per_block ? block_size : 0, 1, kDynNr, kDynKr, kDynSr,
                           std::nullopt, std::nullopt, inp.scalar_type());
 }

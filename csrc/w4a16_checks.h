@@ -78,8 +78,13 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   args.num_groups = b_scales.sym_size(0).guard_int(__FILE__, __LINE__);
 
   args.has_zp = has_values(b_zeros);
-  if (args.has_zp)
+  if (args.has_zp) {
+    // One group count for both: when they disagree, name both shapes instead of blaming b_zeros.
+    TORCH_CHECK(b_zeros->dim() != 2 || b_zeros->sym_size(0) == args.num_groups, op,
+                ": b_scales and b_zeros must have the same number of groups (size(0)), got "
+                "b_scales ", b_scales.sym_sizes(), " and b_zeros ", b_zeros->sym_sizes());
     check_int32_operand(op, "b_zeros", *b_zeros, device, a, {args.num_groups, size_n / 8});
+  }
 
   const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
   TORCH_CHECK(has_g_idx == has_perm_, op,

@@ -108,6 +108,7 @@ void quant_pack_lhs_into(const at::Tensor& lhs2d, int64_t mr, int64_t kr, int64_
 
 at::Tensor lhs_quant_pack_qai8dxp_f32(const at::Tensor& lhs, int64_t mr, int64_t kr, int64_t sr) {
   check_lhs_quant_pack_args(lhs, mr, kr, sr, c10::DeviceType::CPU);
+  check_finite_rows("lhs_quant_pack_qai8dxp_f32", "lhs", lhs);
   const int64_t m = lhs.size(0), k = lhs.size(1);
   // Zero-filled: the slots of rows >= m in the last mr-group are not written.
   at::Tensor out = at::zeros({kai::lhs_packed_size_qai8dxp(m, k, mr)}, lhs.options().dtype(at::kByte));
@@ -210,6 +211,7 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
                               c10::DeviceType::CPU);
   const bool per_block = block_size != k;
   const at::Tensor x = inp.reshape({-1, k}).to(at::kFloat).contiguous();
+  check_finite_rows(op, "inp", x);
   const int64_t m = x.size(0);
   at::Tensor lhs_packed = at::empty({kai::lhs_packed_size_qai8dxp(m, k, 1)}, x.options().dtype(at::kByte));
   quant_pack_lhs_into(x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
