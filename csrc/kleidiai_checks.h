@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -69,6 +70,19 @@ inline void check_kai_input(const char* op, const char* name, const at::Tensor& 
   check_contiguous(op, name, t);
 }
 
+// The packed formats carry no NaN or infinity: a non-finite scale or bias has no meaning, and
+// refusing them at packing time lets the matmuls recognise a buffer that is not one (below).
+// Reads the data: host tensors only. float32 or bfloat16, contiguous (checked before).
+inline void check_finite_values(const char* op, const char* name, const at::Tensor& t) {
+  if (t.device().type() != c10::DeviceType::CPU) return;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float v = t.scalar_type() == at::kBFloat16 ? float(t.data_ptr<at::BFloat16>()[i])
+                                                     : t.data_ptr<float>()[i];
+    TORCH_CHECK(std::isfinite(v), op, ": ", name, " must hold finite values (a packed buffer "
+                "carries no NaN or infinity), got ", name, ".flatten()[", i, "] = ", v);
+  }
+}
+
 // ---- packers --------------------------------------------------------------------------------
 
 inline void check_rhs_pack_qsi4cxp_args(const char* op, bool kxn, const at::Tensor& rhs,
@@ -84,6 +98,8 @@ inline void check_rhs_pack_qsi4cxp_args(const char* op, bool kxn, const at::Tens
   else check_kai_input(op, "rhs", rhs, at::kByte, {n, (k + 1) / 2}, device);
   check_kai_input(op, "scale", scale, at::kFloat, {n}, device);
   if (bias) check_kai_input(op, "bias", *bias, at::kFloat, {n}, device);
+  check_finite_values(op, "scale", scale);
+  if (bias) check_finite_values(op, "bias", *bias);
 }
 
 inline void check_rhs_pack_qsi4c32p_args(const char* op, bool kxn, const at::Tensor& rhs,
@@ -98,6 +114,8 @@ inline void check_rhs_pack_qsi4c32p_args(const char* op, bool kxn, const at::Ten
   else check_kai_input(op, "rhs", rhs, at::kByte, {n, k / 2}, device);
   check_kai_input(op, "scale", scale, at::kBFloat16, {n, k / bl}, device);
   if (bias) check_kai_input(op, "bias", *bias, at::kFloat, {n}, device);
+  check_finite_values(op, "scale", scale);
+  if (bias) check_finite_values(op, "bias", *bias);
 }
 
 inline void check_lhs_quant_pack_args(const at::Tensor& lhs, int64_t mr, int64_t kr, int64_t sr,
@@ -195,6 +213,97 @@ inline void check_kai_matmul_args(const char* op, const at::Tensor& lhs_packed,
   TORCH_CHECK(rhs_packed.sym_numel() == rhs_size, op, ": rhs_packed must hold ", rhs_size,
               " bytes for n=", n, ", k=", k, ", nr=", nr, bl > 0 ? ", bl=" : "",
               bl > 0 ? std::to_string(bl) : std::string(), ", got ", rhs_packed.sym_numel());
+}
+
+// ---- values every packer writes ------------------------------------------------------------
+// The formats have no header, so a buffer packed under other parameters with the same byte count
+// passes the size checks: a per-channel RHS of n = 24, k = 128 and a per-block one with bl = 64
+// are both 1824 bytes; an LHS packed with mr = 4 has the size of one with mr = 1 whenever
+// m % 4 == 0. Read under the wrong parameters, the per-row metadata slots land on other data,
+// which almost never looks like what a packer writes there:
+//   LHS, each row < m:     -zero_point in [-127, 128] (the zero point is clamped to int8) and
+//                          1/scale finite and > 0 (scale = 255 / (rmax - rmin), or 1).
+//   per-channel RHS, n:    rsum = 16 * sum of K_i int4 weights: a multiple of 16 in
+//                          [-128 K_i, 112 K_i]; scale and bias finite.
+//   per-block RHS, n:      every bf16 block scale, rsum and bias finite, and
+//                          |rsum| <= 8 bl sum_j |scale_j| (rsum = sum_j scale_j * sum of bl
+//                          int4 weights), with 1% slack for its float32 accumulation.
+// These read O(m) and O(n k / bl) bytes (the RHS check runs per nr-block just before the kernel
+// reads the same block). What they cannot see, a buffer whose weights were reordered under
+// another kr / sr but whose metadata are intact, is the caller's contract (ops.py docstrings).
+namespace packed {
+inline int32_t load_i32(const uint8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+inline float load_f32(const uint8_t* p) { float v; std::memcpy(&v, p, 4); return v; }
+inline float load_bf16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t u = uint32_t(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+}  // namespace packed
+
+inline void check_lhs_packed_values(const char* op, const char* name, const uint8_t* buf,
+                                    int64_t m, int64_t k, int64_t mr) {
+  const int64_t k_i = kai::k_internal(k), stride = kai::lhs_packed_stride_qai8dxp(k, mr);
+  for (int64_t r = 0; r < m; ++r) {
+    const uint8_t* params = buf + (r / mr) * stride + mr * k_i;
+    const int32_t neg_zp = packed::load_i32(params + 4 * (r % mr));
+    const float recip = packed::load_f32(params + 4 * mr + 4 * (r % mr));
+    TORCH_CHECK(neg_zp >= -127 && neg_zp <= 128 && std::isfinite(recip) && recip > 0.f, op, ": ",
+                name, " is not a buffer packed for m=", m, ", k=", k, ", mr=", mr, ": row ", r,
+                " holds -zero_point ", neg_zp, " and 1/scale ", recip, " where the packer writes "
+                "one in [-127, 128] and a positive finite one (packed with another mr of the same "
+                "byte count?)");
+  }
+}
+
+// nr-blocks [nb0, nb1) of a packed RHS (bl = 0: per-channel qsi4cxp, else per-block qsi4c32p).
+inline void check_rhs_packed_values(const char* op, const char* name, const uint8_t* buf,
+                                    int64_t n, int64_t k, int64_t nr, int64_t bl, int64_t nb0,
+                                    int64_t nb1) {
+  const char* what = bl > 0 ? "per-block qsi4c32p" : "per-channel qsi4cxp";
+  for (int64_t nb = nb0; nb < nb1; ++nb) {
+    for (int64_t r = 0; r < nr && nb * nr + r < n; ++r) {
+      const int64_t row = nb * nr + r;
+      if (bl == 0) {
+        const int64_t k_i = kai::k_internal(k);
+        const uint8_t* meta = buf + nb * kai::rhs_packed_stride_qsi4cxp(k, nr) + nr * k_i / 2;
+        const int32_t rsum = packed::load_i32(meta + 4 * r);
+        const float scale = packed::load_f32(meta + 4 * nr + 4 * r);
+        const float bias = packed::load_f32(meta + 8 * nr + 4 * r);
+        TORCH_CHECK(rsum % 16 == 0 && rsum >= -128 * k_i && rsum <= 112 * k_i &&
+                        std::isfinite(scale) && std::isfinite(bias),
+                    op, ": ", name, " is not a ", what, " buffer packed for n=", n, ", k=", k,
+                    ", nr=", nr, ": row ", row, " holds rsum ", rsum, ", scale ", scale,
+                    ", bias ", bias, " where the packer writes 16 * a sum of ", k_i,
+                    " int4 weights and finite values (packed with other parameters of the same "
+                    "byte count?)");
+      } else {
+        const int64_t blocks = k / bl, block_bytes = nr * (bl / 2 + 2);
+        const uint8_t* base = buf + nb * kai::rhs_packed_stride_qsi4c32p(k, nr, bl);
+        double sum_abs = 0;
+        for (int64_t j = 0; j < blocks; ++j) {
+          const float s = packed::load_bf16(base + j * block_bytes + nr * bl / 2 + 2 * r);
+          TORCH_CHECK(std::isfinite(s), op, ": ", name, " is not a ", what,
+                      " buffer packed for n=", n, ", k=", k, ", bl=", bl, ", nr=", nr, ": row ",
+                      row, " holds the non-finite block scale ", s, " in block ", j,
+                      " (packed with other parameters of the same byte count?)");
+          sum_abs += std::fabs(s);
+        }
+        const float rsum = packed::load_f32(base + blocks * block_bytes + 4 * r);
+        const float bias = packed::load_f32(base + blocks * block_bytes + 4 * nr + 4 * r);
+        TORCH_CHECK(std::isfinite(rsum) && std::isfinite(bias) &&
+                        std::fabs(rsum) <= 8.0 * bl * sum_abs * 1.01,
+                    op, ": ", name, " is not a ", what, " buffer packed for n=", n, ", k=", k,
+                    ", bl=", bl, ", nr=", nr, ": row ", row, " holds rsum ", rsum, " and bias ",
+                    bias, " where the packer writes finite values with |rsum| <= 8 * bl * "
+                    "sum |block scales| = ", 8.0 * bl * sum_abs,
+                    " (packed with other parameters of the same byte count?)");
+      }
+    }
+  }
 }
 
 // ---- drop-in for torch.ops.aten._dyn_quant_pack_4bit_weight / _dyn_quant_matmul_4bit --------

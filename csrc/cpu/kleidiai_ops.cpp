@@ -118,7 +118,8 @@ at::Tensor lhs_quant_pack_qai8dxp_f32(const at::Tensor& lhs, int64_t mr, int64_t
 
 // ---- matmul ---------------------------------------------------------------------------------
 
-void run_matmul(Isa isa, const kai::MatmulArgs& a0) {
+// rhs_name: the caller's name of the packed RHS, for check_rhs_packed_values.
+void run_matmul(const char* op, const char* rhs_name, Isa isa, const kai::MatmulArgs& a0) {
   kai::MatmulArgs a = a0;
   const int64_t nkb = kai::num_kblocks(a);
   at::Tensor sums = at::empty({std::max<int64_t>(a.m, 1) * nkb}, at::kInt);
@@ -134,6 +135,9 @@ void run_matmul(Isa isa, const kai::MatmulArgs& a0) {
     for (int64_t i = b; i < e;) {
       const int64_t mc = i / num_nb, nb0 = i % num_nb;
       const int64_t nb1 = std::min(num_nb, nb0 + (e - i));
+      // Once per nr-block (first M chunk), just before the kernel reads the same bytes.
+      if (mc == 0)
+        check_rhs_packed_values(op, rhs_name, a.rhs_packed, a.n, a.k, a.nr, a.bl, nb0, nb1);
       kai::matmul(isa, a, mc * 64, std::min(a.m, mc * 64 + 64), nb0, nb1);
       i += nb1 - nb0;
     }
@@ -144,13 +148,15 @@ at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::T
                        int64_t m, int64_t n, int64_t k, int64_t bl, int64_t mr, int64_t nr,
                        int64_t kr, int64_t sr, std::optional<double> clamp_min,
                        std::optional<double> clamp_max, std::optional<at::ScalarType> out_dtype,
-                       c10::string_view isa) {
+                       c10::string_view isa, const char* rhs_name = "rhs_packed",
+                       bool check_lhs = true) {
   check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min,
                         clamp_max, out_dtype, c10::DeviceType::CPU);
   const at::ScalarType dt = out_dtype.value_or(at::kFloat);
   const Isa path = resolve_kleidiai_isa(op, isa);
   at::Tensor out = at::empty({m, n}, lhs_packed.options().dtype(at::kFloat));
   if (m == 0) return out.to(dt);
+  if (check_lhs) check_lhs_packed_values(op, "lhs_packed", lhs_packed.data_ptr<uint8_t>(), m, k, mr);
   kai::MatmulArgs a{};
   a.m = m; a.n = n; a.k = k; a.mr = mr; a.nr = nr; a.kr = kr; a.sr = sr; a.bl = bl;
   a.lhs_packed = lhs_packed.data_ptr<uint8_t>();
@@ -159,7 +165,7 @@ at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::T
   a.dst_stride = n;
   a.clamp_min = clamp_min ? float(*clamp_min) : -FLT_MAX;
   a.clamp_max = clamp_max ? float(*clamp_max) : FLT_MAX;
-  run_matmul(path, a);
+  run_matmul(op, rhs_name, path, a);
   return dt == at::kFloat ? out : out.to(dt);
 }
 
@@ -194,10 +200,13 @@ at::Tensor dyn_quant_pack_4bit_weight(const at::Tensor& weights, const at::Tenso
   const int64_t k = in_features, n = out_features;
   check_dyn_quant_pack_args(weights, scales_zeros, bias, block_size, in_features, out_features,
                             c10::DeviceType::CPU);
+  if (bias) check_finite_values(op, "bias", *bias);
   if (block_size == k) {
     const at::Tensor s = scales_zeros.reshape({n}).to(at::kFloat).contiguous();  // bf16 -> f32 is exact
+    check_finite_values(op, "scales_zeros", s);
     return pack_qsi4cxp(op, false, weights, s, bias, n, k, kNr, kKr, kSr, 8);
   }
+  check_finite_values(op, "scales_zeros", scales_zeros.contiguous());
   return pack_qsi4c32p(op, false, weights, scales_zeros.contiguous(), bias, n, k, block_size,
                        kNr, kKr, kSr);
 }
@@ -217,7 +226,8 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
   quant_pack_lhs_into(x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
   at::Tensor out = matmul_impl(op, lhs_packed, packed_weights.contiguous(), m, n, k,
                                per_block ? block_size : 0, 1, kNr, kKr, kSr, std::nullopt,
-                               std::nullopt, inp.scalar_type(), isa);
+                               std::nullopt, inp.scalar_type(), isa, "packed_weights",
+                               /*check_lhs=*/false);
   std::vector<int64_t> shape(inp.sizes().begin(), inp.sizes().end());
   shape.back() = n;
   return out.view(shape);

@@ -228,6 +228,19 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
 # (nr, kr, sr) = (8, 16, 2) are what the fast x86 kernels are written for; other legal values
 # run the scalar kernel. Kernel path: ``isa="auto"`` (env ``W4K_KLEIDIAI_ISA`` if set, else the
 # best the CPU has), or "avx512", "avxvnni", "avx2", "scalar".
+#
+# Packed buffers have no header (they stay byte-identical with KleidiAI's), so the parameters a
+# buffer was packed with are the caller's contract: a matmul must get the same n, k, bl, nr, kr,
+# sr (RHS) and m, k, mr, kr, sr (LHS) as the packer did. What the ops check: the byte count, and
+# the per-row metadata every packer writes (LHS zero points in [-127, 128] and positive finite
+# 1/scale; per-channel rsum a multiple of 16 within the int4 range, finite scale and bias;
+# per-block finite bf16 block scales, finite bias and rsum bounded by the scales). Parameters
+# that give the same byte count (per-channel n=24, k=128 and per-block bl=64 are both 1824
+# bytes; an LHS of m % 4 == 0 rows is as long for mr=4 as for mr=1; nr=8 and nr=1 at n=8) are
+# thus caught by their metadata, which land on other data. Not caught: a different kr / sr
+# (same metadata, weights in another order), and a buffer whose bytes were altered without
+# breaking those invariants. The packers refuse non-finite scales and biases and the quantizers
+# non-finite activations, so no packed buffer carries a NaN or an infinity.
 
 
 def rhs_packed_size_qsi4cxp(n: int, k: int, nr: int = 8, kr: int = 16, sr: int = 2) -> int:
@@ -255,8 +268,9 @@ def rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs: torch.Tensor, scale: torch.Tensor,
     Args:
         rhs: uint8 ``[n, ceil(k/2)]``; element (n, k) is the low nibble of byte ``k // 2`` for
             even k, the high nibble for odd k.
-        scale: float32 ``[n]``, the dequantization scale: w = (q - rhs_zero_point) * scale.
-        bias: float32 ``[n]`` or None (zeros are stored).
+        scale: float32 ``[n]``, the dequantization scale: w = (q - rhs_zero_point) * scale;
+            finite (rejected otherwise, see the section comment).
+        bias: float32 ``[n]`` or None (zeros are stored); finite.
         n, k: N, K (any positive K; K is padded to a multiple of 32).
         nr, kr, sr: KleidiAI packing parameters; kr % sr == 0 and kr / sr divides 16.
         rhs_zero_point: 8 (nibbles are unsigned 0..15) or 0 (nibbles are signed int4).
@@ -285,8 +299,8 @@ def rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
 
     Args:
         rhs: uint8 ``[n, k/2]``, low nibble = even k.
-        scale: bfloat16 ``[n, k/bl]``: w = (q - 8) * scale[n, k // bl].
-        bias: float32 ``[n]`` or None.
+        scale: bfloat16 ``[n, k/bl]``: w = (q - 8) * scale[n, k // bl]; finite.
+        bias: float32 ``[n]`` or None; finite.
         bl: block length, a multiple of 32 (and of kr) dividing k. nr: a multiple of 4.
 
     Returns:
@@ -309,7 +323,8 @@ def lhs_quant_pack_qai8dxp_f32(lhs: torch.Tensor, mr: int = 1, kr: int = 16,
     """Quantize f32 activations per row to asymmetric int8 and pack them like KleidiAI.
 
     Args:
-        lhs: float32 ``[m, k]`` (unit stride along k; finite values).
+        lhs: float32 ``[m, k]`` (unit stride along k; finite values: NaN or infinity is
+            rejected, a row's int8 quantization has no meaning for them).
         mr: rows interleaved per group; kr, sr: as the RHS (only kr / sr matters here).
 
     Returns:
@@ -331,8 +346,9 @@ def matmul_clamp_f32_qai8dxp_qsi4cxp(lhs_packed: torch.Tensor, rhs_packed: torch
     ``clamp((f32(iacc) * rhs_scale) * lhs_scale + bias, clamp_min, clamp_max)``.
 
     Args:
-        lhs_packed: uint8 from :func:`lhs_quant_pack_qai8dxp_f32` (same m, k, mr, kr, sr).
-        rhs_packed: uint8 from a qsi4cxp packer (same n, k, nr, kr, sr).
+        lhs_packed: uint8 from :func:`lhs_quant_pack_qai8dxp_f32` (same m, k, mr, kr, sr: the
+            caller's contract; see the section comment for what is checked).
+        rhs_packed: uint8 from a qsi4cxp packer (same n, k, nr, kr, sr, likewise).
         clamp_min, clamp_max: None = -FLT_MAX / FLT_MAX.
         out_dtype: torch.float32 (default) or torch.bfloat16 (the f32 result rounded to nearest).
         isa: kernel path, see the section comment.
@@ -388,7 +404,10 @@ def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block
 
     Args:
         inp: float32 or bfloat16 ``[..., in_features]``; the result has inp's dtype.
-        packed_weights: from :func:`dyn_quant_pack_4bit_weight` with the same sizes.
+        packed_weights: from :func:`dyn_quant_pack_4bit_weight` with the same sizes and
+            block_size (the caller's contract: a buffer of another block_size is rejected by
+            its size or, where the sizes coincide, by its metadata; see the section comment).
+        inp must be finite (NaN or infinity has no int8 quantization: rejected).
 
     Returns:
         ``[..., out_features]``.
