@@ -54,8 +54,8 @@ at::Tensor matmul(const at::Tensor& lhs_packed, const at::Tensor& rhs_packed, in
                   std::optional<at::ScalarType> out_dtype, c10::string_view isa) {
   const char* op = kPerBlock ? "matmul_clamp_f32_qai8dxp_qsi4c32p"
                              : "matmul_clamp_f32_qai8dxp_qsi4cxp";
-  check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min,
-                        clamp_max, out_dtype, served_device({&lhs_packed, &rhs_packed}));
+  check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, kPerBlock, bl, mr, nr, kr, sr,
+                        clamp_min, clamp_max, out_dtype, served_device({&lhs_packed, &rhs_packed}));
   resolve_kleidiai_isa(op, isa);
   return at::empty({m, n}, meta_options(lhs_packed, out_dtype.value_or(at::kFloat)));
 }

@@ -145,6 +145,11 @@ KAI_CASES = {  # description -> (op name, args, kwargs)
     "matmul lhs size": ("matmul_clamp_f32_qai8dxp_qsi4cxp", (_lhs(), _packed_cx(), 4, N, K), {}),
     "matmul rhs size": ("matmul_clamp_f32_qai8dxp_qsi4c32p", (_lhs(), _packed_cx(), 3, N, K, 64),
                         {}),
+    # Found by the fuzzer: bl <= 0 made the per-block op run the per-channel layout.
+    "matmul c32p bl=0": ("matmul_clamp_f32_qai8dxp_qsi4c32p", (_lhs(), _packed_cx(), 3, N, K, 0),
+                         {}),
+    "matmul c32p bl=-1": ("matmul_clamp_f32_qai8dxp_qsi4c32p", (_lhs(), _packed_cx(), 3, N, K, -1),
+                          {}),
     "matmul NaN clamp": ("matmul_clamp_f32_qai8dxp_qsi4cxp", (_lhs(), _packed_cx(), 3, N, K),
                          {"clamp_min": float("nan")}),
     "matmul isa": ("matmul_clamp_f32_qai8dxp_qsi4cxp", (_lhs(), _packed_cx(), 3, N, K),

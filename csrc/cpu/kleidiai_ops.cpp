@@ -92,8 +92,9 @@ at::Tensor rhs_pack_kxn_qsi4c32p(const at::Tensor& rhs, const at::Tensor& scale,
   return pack_qsi4c32p("rhs_pack_kxn_qsi4c32p_qsu4c32s1s0", true, rhs, scale, bias, n, k, bl, nr, kr, sr);
 }
 
-void quant_pack_lhs_into(const at::Tensor& lhs2d, int64_t mr, int64_t kr, int64_t sr,
-                         uint8_t* out) {
+// op, name: who to blame for a non-finite value (check_finite_rows, run per task on its rows).
+void quant_pack_lhs_into(const char* op, const char* name, const at::Tensor& lhs2d, int64_t mr,
+                         int64_t kr, int64_t sr, uint8_t* out) {
   const int64_t m = lhs2d.size(0), k = lhs2d.size(1);
   const float* x = lhs2d.data_ptr<float>();
   const int64_t stride = lhs2d.stride(0);
@@ -102,17 +103,18 @@ void quant_pack_lhs_into(const at::Tensor& lhs2d, int64_t mr, int64_t kr, int64_
   const int64_t groups = kai::roundup(m, mr) / mr;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mr * k));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    check_finite_rows(op, name, lhs2d, g0 * mr, std::min(m, g1 * mr));
     kai::lhs_quant_pack_qai8dxp(g0 * mr, std::min(m, g1 * mr), k, mr, kr, sr, x, stride, out);
   });
 }
 
 at::Tensor lhs_quant_pack_qai8dxp_f32(const at::Tensor& lhs, int64_t mr, int64_t kr, int64_t sr) {
   check_lhs_quant_pack_args(lhs, mr, kr, sr, c10::DeviceType::CPU);
-  check_finite_rows("lhs_quant_pack_qai8dxp_f32", "lhs", lhs);
   const int64_t m = lhs.size(0), k = lhs.size(1);
   // Zero-filled: the slots of rows >= m in the last mr-group are not written.
   at::Tensor out = at::zeros({kai::lhs_packed_size_qai8dxp(m, k, mr)}, lhs.options().dtype(at::kByte));
-  quant_pack_lhs_into(lhs, mr, kr, sr, out.data_ptr<uint8_t>());
+  quant_pack_lhs_into("lhs_quant_pack_qai8dxp_f32", "lhs", lhs, mr, kr, sr,
+                      out.data_ptr<uint8_t>());
   return out;
 }
 
@@ -144,14 +146,15 @@ void run_matmul(const char* op, const char* rhs_name, Isa isa, const kai::Matmul
   });
 }
 
+// per_block: the qsi4c32p layout with block length bl (else per-channel; bl is then 0).
 at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::Tensor& rhs_packed,
-                       int64_t m, int64_t n, int64_t k, int64_t bl, int64_t mr, int64_t nr,
+                       int64_t m, int64_t n, int64_t k, bool per_block, int64_t bl, int64_t mr, int64_t nr,
                        int64_t kr, int64_t sr, std::optional<double> clamp_min,
                        std::optional<double> clamp_max, std::optional<at::ScalarType> out_dtype,
                        c10::string_view isa, const char* rhs_name = "rhs_packed",
                        bool check_lhs = true) {
-  check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min,
-                        clamp_max, out_dtype, c10::DeviceType::CPU);
+  check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, per_block, bl, mr, nr, kr, sr,
+                        clamp_min, clamp_max, out_dtype, c10::DeviceType::CPU);
   const at::ScalarType dt = out_dtype.value_or(at::kFloat);
   const Isa path = resolve_kleidiai_isa(op, isa);
   at::Tensor out = at::empty({m, n}, lhs_packed.options().dtype(at::kFloat));
@@ -173,8 +176,8 @@ at::Tensor matmul_qsi4cxp(const at::Tensor& lhs_packed, const at::Tensor& rhs_pa
                           int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t kr, int64_t sr,
                           std::optional<double> clamp_min, std::optional<double> clamp_max,
                           std::optional<at::ScalarType> out_dtype, c10::string_view isa) {
-  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n, k, 0, mr,
-                     nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
+  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n, k, false, 0,
+                     mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
 }
 
 at::Tensor matmul_qsi4c32p(const at::Tensor& lhs_packed, const at::Tensor& rhs_packed, int64_t m,
@@ -182,8 +185,8 @@ at::Tensor matmul_qsi4c32p(const at::Tensor& lhs_packed, const at::Tensor& rhs_p
                            int64_t sr, std::optional<double> clamp_min,
                            std::optional<double> clamp_max,
                            std::optional<at::ScalarType> out_dtype, c10::string_view isa) {
-  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n, k, bl, mr,
-                     nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
+  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n, k, true, bl,
+                     mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
 }
 
 // ---- drop-in for torch.ops.aten._dyn_quant_pack_4bit_weight / _dyn_quant_matmul_4bit ----------
@@ -220,11 +223,10 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
                               c10::DeviceType::CPU);
   const bool per_block = block_size != k;
   const at::Tensor x = inp.reshape({-1, k}).to(at::kFloat).contiguous();
-  check_finite_rows(op, "inp", x);
   const int64_t m = x.size(0);
   at::Tensor lhs_packed = at::empty({kai::lhs_packed_size_qai8dxp(m, k, 1)}, x.options().dtype(at::kByte));
-  quant_pack_lhs_into(x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
-  at::Tensor out = matmul_impl(op, lhs_packed, packed_weights.contiguous(), m, n, k,
+  quant_pack_lhs_into(op, "inp", x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
+  at::Tensor out = matmul_impl(op, lhs_packed, packed_weights.contiguous(), m, n, k, per_block,
                                per_block ? block_size : 0, 1, kNr, kKr, kSr, std::nullopt,
                                std::nullopt, inp.scalar_type(), isa, "packed_weights",
                                /*check_lhs=*/false);

@@ -234,7 +234,7 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
 # sr (RHS) and m, k, mr, kr, sr (LHS) as the packer did. What the ops check: the byte count, and
 # the per-row metadata every packer writes (LHS zero points in [-127, 128] and positive finite
 # 1/scale; per-channel rsum a multiple of 16 within the int4 range, finite scale and bias;
-# per-block finite bf16 block scales, finite bias and rsum bounded by the scales). Parameters
+# per-block finite bf16 scales of the first and last K block, finite rsum and bias). Parameters
 # that give the same byte count (per-channel n=24, k=128 and per-block bl=64 are both 1824
 # bytes; an LHS of m % 4 == 0 rows is as long for mr=4 as for mr=1; nr=8 and nr=1 at n=8) are
 # thus caught by their metadata, which land on other data. Not caught: a different kr / sr
