@@ -358,10 +358,15 @@ def run_case(ns, op, arg, label, full):
 def main():
     shard, num_shards = int(sys.argv[1]), int(sys.argv[2])
     full = "--full" in sys.argv
+    # Test hook: die like a segfaulting kernel would, at this case (test_fuzz_inputs checks that
+    # the harness reports it).
+    abort_at = int(os.environ.get("W4K_FUZZ_ABORT_AT", "-1"))
     all_cases = cases(full)
     for i in range(shard, len(all_cases), num_shards):
         ns, op, arg, label = all_cases[i]
         print(json.dumps(dict(start=f"{ns}::{op} {arg} {label}")), flush=True)
+        if i == abort_at:
+            os.abort()
         try:
             r = run_case(ns, op, arg, label, full)
         except Exception as e:  # an exception type the ops must not raise

@@ -34,11 +34,13 @@ def _parse(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def test_fuzz_inputs():
+def _run_shards(shards, extra_env=None):
+    """Runs the fuzzer in `shards` concurrent subprocesses: (failures, number of cases run)."""
     args = ["--full"] if FULL else []
-    procs = [subprocess.Popen([sys.executable, FUZZER, str(i), str(SHARDS)] + args,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env()) for i in range(SHARDS)]
+    env = {**_env(), **(extra_env or {})}
+    procs = [subprocess.Popen([sys.executable, FUZZER, str(i), str(shards)] + args,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(shards)]
     failures, total = [], 0
     for i, proc in enumerate(procs):
         try:
@@ -57,5 +59,18 @@ def test_fuzz_inputs():
                 if r["problems"]:
                     failures.append(f"{r['case']}: {'; '.join(r['problems'])} "
                                     f"({r.get('error', 'accepted')})")
+    return failures, total
+
+
+def test_fuzz_inputs():
+    failures, total = _run_shards(SHARDS)
     assert not failures, f"{len(failures)} of {total} cases failed:\n" + "\n".join(failures)
     assert total >= (2000 if FULL else 800)
+
+
+def test_a_crash_fails_the_test_and_names_the_case():
+    """The harness itself: a shard that dies (here by abort at case 3, as a segfault would)
+    is reported with the case it was running; the cases before it still count."""
+    failures, total = _run_shards(1, {"W4K_FUZZ_ABORT_AT": "3"})
+    assert total == 3 and len(failures) == 1, failures
+    assert "shard 0 ended with exit status -6 in case w4kernels::" in failures[0]

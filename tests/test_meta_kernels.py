@@ -237,6 +237,15 @@ def test_meta_outputs_have_the_real_shape_and_dtype(ns):
         assert fake.is_contiguous() and real.is_contiguous(), name
 
 
+@pytest.mark.skipif(not w4kernels.HAS_SIMT, reason="w4kernels._simt was not built (W4K_SIMT=0)")
+@pytest.mark.parametrize("name", ["marlin_repack", "awq_marlin_repack", "awq_dequantize",
+                                  "awq_gemm", "w4a16_gemm"])
+def test_opcheck_emulator_namespace(name):
+    """The emulator namespace's Meta kernels pass torch.library.opcheck (fake vs real, schema,
+    dynamic shapes) as the product's do (tests/test_library.py and friends)."""
+    torch.library.opcheck(_op("w4kernels_simt", name), _valid_calls()[name])
+
+
 def test_every_tensor_op_has_a_meta_kernel_and_no_python_fake():
     schemas = [s for s in torch._C._jit_get_all_schemas() if s.name.startswith("w4kernels::")]
     assert len(schemas) >= 17
