@@ -370,8 +370,9 @@ def main():
         try:
             r = run_case(ns, op, arg, label, full)
         except Exception as e:  # an exception type the ops must not raise
+            first = str(e).splitlines()[0] if str(e) else ""
             r = dict(case=f"{ns}::{op} {arg} {label}",
-                     problems=[f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"])
+                     problems=[f"raised {type(e).__name__}: {first}"])
         print(json.dumps(r), flush=True)
     print(json.dumps(dict(done=len(range(shard, len(all_cases), num_shards)))), flush=True)
 

@@ -106,7 +106,8 @@ def test_packers_refuse_non_finite_scale_and_bias(name, make):
     scales = torch.ones(n, 2).bfloat16()
     scales[3, 1] = float("-inf")
     with pytest.raises(RuntimeError, match=r"dyn_quant_pack_4bit_weight: scales_zeros must hold "
-                                           r"finite values .* got scales_zeros.flatten\(\)\[7\] = -inf"):
+                                           r"finite values .* got "
+                                           r"scales_zeros.flatten\(\)\[7\] = -inf"):
         ops.dyn_quant_pack_4bit_weight(_weights(n, k), scales, None, 32, k, n)
 
 

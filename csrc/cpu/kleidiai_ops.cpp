@@ -148,8 +148,8 @@ void run_matmul(const char* op, const char* rhs_name, Isa isa, const kai::Matmul
 
 // per_block: the qsi4c32p layout with block length bl (else per-channel; bl is then 0).
 at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::Tensor& rhs_packed,
-                       int64_t m, int64_t n, int64_t k, bool per_block, int64_t bl, int64_t mr, int64_t nr,
-                       int64_t kr, int64_t sr, std::optional<double> clamp_min,
+                       int64_t m, int64_t n, int64_t k, bool per_block, int64_t bl, int64_t mr,
+                       int64_t nr, int64_t kr, int64_t sr, std::optional<double> clamp_min,
                        std::optional<double> clamp_max, std::optional<at::ScalarType> out_dtype,
                        c10::string_view isa, const char* rhs_name = "rhs_packed",
                        bool check_lhs = true) {
