@@ -31,7 +31,7 @@ try:  # the SIMT emulator build of the CUDA kernels (torch.ops.w4kernels_simt.*)
 except ImportError:
     HAS_SIMT = False
 
-from . import ops, quant, reference, vllm  # noqa: E402,F401  (ops registers fakes for both namespaces)
+from . import ops, quant, reference, vllm  # noqa: E402,F401
 
 __all__ = ["ops", "quant", "reference", "vllm", "build_info", "HAS_SIMT"]
 
