@@ -123,7 +123,7 @@ INCLUDES = [os.path.join(ROOT, "csrc")]
 
 ext_modules = []
 
-c_sources = ["csrc/ops.cpp"] + _rel("csrc/cpu/*.cpp")
+c_sources = ["csrc/ops.cpp", "csrc/meta.cpp"] + _rel("csrc/cpu/*.cpp")
 c_defines = []
 c_nvcc = [
     "-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v",

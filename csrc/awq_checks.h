@@ -1,4 +1,4 @@
-// Argument checks of the AWQ ops, shared by the CPU, CUDA and SIMT bindings.
+// Argument checks of the AWQ ops, shared by the CPU, CUDA and SIMT bindings and the Meta kernels.
 #pragma once
 
 #include "checks.h"
@@ -18,18 +18,19 @@ inline void check_awq_weight_args(const char* op, const at::Tensor& qweight,
   check_dim(op, "qweight", qweight, 2);
   check_dim(op, "scales", scales, 2);
   check_dim(op, "qzeros", qzeros, 2);
-  const int64_t size_k = qweight.size(0), size_n = qweight.size(1) * 8;
+  const c10::SymInt size_k = qweight.sym_size(0), size_n = qweight.sym_size(1) * 8;
   TORCH_CHECK(size_k > 0 && size_n > 0, op, ": qweight must be non-empty [K, N/8], got shape ",
-              qweight.sizes());
-  const int64_t groups = scales.size(0);
-  TORCH_CHECK(scales.size(1) == size_n, op, ": scales must have N = 8 * qweight.size(1) = ",
-              size_n, " columns, got shape ", scales.sizes());
+              qweight.sym_sizes());
+  const c10::SymInt groups = scales.sym_size(0);
+  TORCH_CHECK(scales.sym_size(1) == size_n, op, ": scales must have N = 8 * qweight.size(1) = ",
+              size_n, " columns, got shape ", scales.sym_sizes());
   TORCH_CHECK(groups > 0 && size_k % groups == 0, op,
               ": scales.size(0) (the number of groups) must divide K = qweight.size(0) = ", size_k,
               ", got ", groups);
   // One group count for both: when they disagree, name both shapes instead of blaming qzeros.
-  TORCH_CHECK(qzeros.size(0) == groups, op, ": scales and qzeros must have the same number of ",
-              "groups (size(0)), got scales ", scales.sizes(), " and qzeros ", qzeros.sizes());
+  TORCH_CHECK(qzeros.sym_size(0) == groups, op, ": scales and qzeros must have the same number ",
+              "of groups (size(0)), got scales ", scales.sym_sizes(), " and qzeros ",
+              qzeros.sym_sizes());
   check_shape(op, "qzeros", qzeros, {groups, size_n / 8});
   check_contiguous(op, "qweight", qweight);
   check_contiguous(op, "scales", scales);
@@ -51,10 +52,10 @@ inline void check_awq_gemm_args(const at::Tensor& x, const at::Tensor& qweight,
               ": x must have the dtype of scales (", scales.scalar_type(), "), got ",
               x.scalar_type());
   check_dim(op, "x", x, 2);
-  TORCH_CHECK(x.size(1) == qweight.size(0), op, ": x must have K = qweight.size(0) = ",
-              qweight.size(0), " columns, got shape ", x.sizes());
-  TORCH_CHECK(x.stride(1) == 1, op, ": x must have unit stride along K, got strides ",
-              x.strides());
+  TORCH_CHECK(x.sym_size(1) == qweight.sym_size(0), op, ": x must have K = qweight.size(0) = ",
+              qweight.sym_size(0), " columns, got shape ", x.sym_sizes());
+  TORCH_CHECK(x.sym_stride(1) == 1, op, ": x must have unit stride along K, got strides ",
+              x.sym_strides());
   TORCH_CHECK(split_k_iters >= 1 && split_k_iters <= 32, op,
               ": split_k_iters must lie in [1, 32], got ", split_k_iters);
 }

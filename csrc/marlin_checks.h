@@ -1,4 +1,7 @@
-// Argument checks of the Marlin repack ops, shared by the CPU, CUDA and SIMT bindings.
+// Argument checks of the Marlin repack ops, shared by the CPU, CUDA and SIMT bindings and the
+// Meta kernels (meta_kernels.h). The value checks (index ranges, permutation, sortedness) read
+// host memory only: they run in the CPU and SIMT bindings, never in a Meta kernel (no data) and
+// not on CUDA tensors (a device sync per call); there they are the caller's contract.
 #pragma once
 
 #include <optional>
@@ -10,7 +13,7 @@ namespace w4k {
 
 // True when `perm` asks for act-order (vLLM passes an empty tensor for "no perm").
 inline bool has_perm(const std::optional<at::Tensor>& perm) {
-  return perm.has_value() && perm->numel() > 0;
+  return perm.has_value() && perm->sym_numel() > 0;
 }
 
 // Every value of an int32 index tensor lies in [0, bound). Host tensors only: on a GPU this

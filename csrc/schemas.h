@@ -6,7 +6,7 @@
 //
 // Signatures follow vLLM's where an equivalent exists, so model code can swap us in. Arguments
 // a kernel may write are declared with (a!). Implementations register per dispatch key:
-//   CPU  -> csrc/cpu/<op>.cpp     CUDA -> csrc/cuda/<op>.cu     fakes -> python/w4kernels/ops.py
+//   CPU  -> csrc/cpu/<op>.cpp     CUDA -> csrc/cuda/<op>.cu     Meta (the fakes) -> csrc/meta.cpp
 #pragma once
 
 #include <torch/library.h>
@@ -51,7 +51,7 @@ inline void define_ops(torch::Library& m) {
         "int bl, int nr=8, int kr=16, int sr=2) -> Tensor");
   m.def("rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(Tensor rhs, Tensor scale, Tensor? bias, int n, int k, "
         "int bl, int nr=8, int kr=16, int sr=2) -> Tensor");
-  // Size queries (bytes), shared by the CPU ops and their fakes.
+  // Size queries (bytes), registered for every backend (they take no tensors).
   m.def("rhs_packed_size_qsi4cxp(int n, int k, int nr=8, int kr=16, int sr=2) -> int");
   m.def("rhs_packed_size_qsi4c32p(int n, int k, int bl, int nr=8, int kr=16, int sr=2) -> int");
   m.def("lhs_packed_size_qai8dxp(int m, int k, int mr=1, int kr=16, int sr=2) -> int");

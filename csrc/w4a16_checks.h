@@ -1,6 +1,7 @@
-// Argument checks of w4a16_gemm (vLLM gptq_marlin_gemm), shared by the CPU binding and a future
-// CUDA/SIMT binding: `device` is the device type the binding serves. Value checks that read
-// tensor data (perm / g_idx ranges) only run for host tensors (see check_index_range).
+// Argument checks of w4a16_gemm (vLLM gptq_marlin_gemm), shared by the CPU, CUDA and SIMT
+// bindings and the Meta kernel: `device` is the device type the binding serves. Value checks
+// that read tensor data (perm / g_idx ranges, a permutation, sorted g_idx, a zero workspace) only
+// run for host tensors (see marlin_checks.h): never in the Meta kernel.
 #pragma once
 
 #include <optional>
@@ -19,13 +20,13 @@ struct W4a16GemmArgs {
 };
 
 inline bool has_values(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->numel() > 0;
+  return t.has_value() && t->sym_numel() > 0;
 }
 
 // Dtype, device, rank, contiguity and shape of one optional int32 tensor.
 inline void check_int32_operand(const char* op, const char* name, const at::Tensor& t,
                                 c10::DeviceType device, const at::Tensor& a,
-                                std::initializer_list<int64_t> shape) {
+                                std::initializer_list<c10::SymInt> shape) {
   check_device(op, name, t, device);
   check_same_device(op, name, t, "a", a);
   check_dtype(op, name, t, at::kInt);
@@ -41,7 +42,7 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
     const at::Tensor& a, const at::Tensor& b_q_weight, const at::Tensor& b_scales,
     const std::optional<at::Tensor>& b_zeros, const std::optional<at::Tensor>& g_idx,
     const std::optional<at::Tensor>& perm, const at::Tensor& workspace, int64_t num_bits,
-    int64_t size_m, int64_t size_n, int64_t size_k, bool is_k_full,
+    const c10::SymInt& size_m, int64_t size_n, int64_t size_k, bool is_k_full,
     const std::optional<at::Tensor>& b_bias, c10::DeviceType device) {
   const char* op = "w4a16_gemm";
   W4a16GemmArgs args{};
@@ -53,9 +54,9 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   check_half_dtype(op, "a", a);
   check_dim(op, "a", a, 2);
   check_shape(op, "a", a, {size_m, size_k});
-  TORCH_CHECK(a.stride(1) == 1 || size_m == 0, op,
+  TORCH_CHECK(a.sym_stride(1) == 1 || size_m == 0, op,
               ": a must be unit-stride along K (row stride may exceed K), got strides ",
-              a.strides());
+              a.sym_strides());
 
   check_device(op, "b_q_weight", b_q_weight, device);
   check_same_device(op, "b_q_weight", b_q_weight, "a", a);
@@ -69,15 +70,21 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   TORCH_CHECK(b_scales.scalar_type() == a.scalar_type(), op, ": b_scales must have the dtype of a (",
               a.scalar_type(), "), got ", b_scales.scalar_type());
   check_dim(op, "b_scales", b_scales, 2);
-  TORCH_CHECK(b_scales.size(0) >= 1 && b_scales.size(1) == size_n, op,
+  TORCH_CHECK(b_scales.sym_size(0) >= 1 && b_scales.sym_size(1) == size_n, op,
               ": b_scales must have shape [num_groups >= 1, size_n = ", size_n, "], got ",
-              b_scales.sizes());
+              b_scales.sym_sizes());
   check_contiguous(op, "b_scales", b_scales);
-  args.num_groups = b_scales.size(0);
+  // The group count selects the kernel's scale path: a Meta kernel specializes on it.
+  args.num_groups = b_scales.sym_size(0).guard_int(__FILE__, __LINE__);
 
   args.has_zp = has_values(b_zeros);
-  if (args.has_zp)
+  if (args.has_zp) {
+    // One group count for both: when they disagree, name both shapes instead of blaming b_zeros.
+    TORCH_CHECK(b_zeros->dim() != 2 || b_zeros->sym_size(0) == args.num_groups, op,
+                ": b_scales and b_zeros must have the same number of groups (size(0)), got "
+                "b_scales ", b_scales.sym_sizes(), " and b_zeros ", b_zeros->sym_sizes());
     check_int32_operand(op, "b_zeros", *b_zeros, device, a, {args.num_groups, size_n / 8});
+  }
 
   const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
   TORCH_CHECK(has_g_idx == has_perm_, op,
@@ -111,8 +118,8 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
   check_device(op, "workspace", workspace, device);
   check_same_device(op, "workspace", workspace, "a", a);
   check_dtype(op, "workspace", workspace, at::kInt);
-  TORCH_CHECK(workspace.numel() >= 1, op, ": workspace must have at least 1 element, got shape ",
-              workspace.sizes());
+  TORCH_CHECK(workspace.sym_numel() >= 1, op,
+              ": workspace must have at least 1 element, got shape ", workspace.sym_sizes());
   check_contiguous(op, "workspace", workspace);
   if (workspace.device().type() == c10::DeviceType::CPU) {
     const int32_t* w = workspace.data_ptr<int32_t>();

@@ -498,7 +498,8 @@ BAD_INPUTS = {
     "scales_n": (lambda c: c.update(b_scales=c["b_scales"][:, :64].contiguous()),
                  r"b_scales must have shape \[num_groups >= 1, size_n = 128\], got \[4, 64\]"),
     "zeros_groups": (lambda c: c.update(b_zeros=c["b_zeros"][:2].contiguous()),
-                     r"b_zeros must have shape \[4, 16\], got \[2, 16\]"),
+                     r"b_scales and b_zeros must have the same number of groups \(size\(0\)\), "
+                     r"got b_scales \[4, 128\] and b_zeros \[2, 16\]"),
     "bias_shape": (lambda c: c.update(b_bias=c["b_bias"][:64].contiguous()),
                    r"b_bias must have shape \[128\], got \[64\]"),
     # tile multiples

@@ -9,58 +9,14 @@
 #include <cstdlib>
 #include <string>
 
-#include "checks.h"
-#include "kleidiai.h"
+#include "kleidiai_checks.h"
 
 namespace w4k {
 namespace {
 
 using kai::Isa;
 
-// nr / kr / sr (and bl) combinations the KleidiAI packers accept and whose layout is defined:
-// kr % sr == 0 (KleidiAI's assertion) and a segment of B = kr / sr bytes must tile the 16-byte
-// k / k+16 pairing, so B divides 16. The per-block packers also assert nr % 4 == 0,
-// bl % 32 == 0 and bl % kr == 0; we also need K % bl == 0 (no partial K block).
-void check_nr_kr_sr(const char* op, int64_t nr, int64_t kr, int64_t sr) {
-  TORCH_CHECK(nr >= 1 && nr <= 256, op, ": nr must be in [1, 256], got ", nr);
-  TORCH_CHECK(kr >= 1 && sr >= 1, op, ": kr and sr must be positive, got kr=", kr, ", sr=", sr);
-  TORCH_CHECK(kr <= 256, op, ": kr must be <= 256 (a micro-kernel's k step), got ", kr);
-  TORCH_CHECK(kr % sr == 0, op, ": kr must be a multiple of sr (KleidiAI asserts kr % sr == 0), got kr=",
-              kr, ", sr=", sr);
-  TORCH_CHECK(16 % (kr / sr) == 0, op, ": kr / sr (bytes per segment) must divide 16, got kr=", kr,
-              ", sr=", sr, " (kr / sr = ", kr / sr, ")");
-}
-
-void check_block(const char* op, int64_t k, int64_t nr, int64_t kr, int64_t bl) {
-  TORCH_CHECK(nr % 4 == 0, op, ": nr must be a multiple of 4 for per-block (qsi4c32p) packing, got ", nr);
-  TORCH_CHECK(bl > 0 && bl % 32 == 0, op, ": bl must be a positive multiple of 32, got ", bl);
-  TORCH_CHECK(bl % kr == 0, op, ": bl must be a multiple of kr, got bl=", bl, ", kr=", kr);
-  TORCH_CHECK(k % bl == 0, op, ": k must be a multiple of bl, got k=", k, ", bl=", bl);
-}
-
-void check_sizes(const char* op, int64_t n, int64_t k) {
-  check_positive(op, "n", n);
-  check_positive(op, "k", k);
-  check_dim_bound(op, "n", n);
-  check_dim_bound(op, "k", k);
-}
-
-// mr (LHS rows interleaved per block) is a micro-kernel tile height: KleidiAI's kernels use 1..16.
-constexpr int64_t kMaxMr = 256;
-void check_m_mr(const char* op, int64_t m, int64_t mr) {
-  TORCH_CHECK(m >= 0, op, ": m must be >= 0, got ", m);
-  check_dim_bound(op, "m", m);
-  check_positive(op, "mr", mr);
-  check_dim_bound(op, "mr", mr, kMaxMr);
-}
-
-void check_input(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
-                 std::initializer_list<int64_t> shape) {
-  check_device(op, name, t, c10::DeviceType::CPU);
-  check_dtype(op, name, t, dtype);
-  check_shape(op, name, t, shape);
-  check_contiguous(op, name, t);
-}
+void check_sizes(const char* op, int64_t n, int64_t k) { check_kai_sizes(op, n, k); }
 
 // ---- sizes ------------------------------------------------------------------------------
 
@@ -94,14 +50,8 @@ int64_t lhs_packed_size_qai8dxp(int64_t m, int64_t k, int64_t mr, int64_t kr, in
 at::Tensor pack_qsi4cxp(const char* op, bool kxn, const at::Tensor& rhs, const at::Tensor& scale,
                         const std::optional<at::Tensor>& bias, int64_t n, int64_t k, int64_t nr,
                         int64_t kr, int64_t sr, int64_t rhs_zero_point) {
-  check_sizes(op, n, k);
-  check_nr_kr_sr(op, nr, kr, sr);
-  TORCH_CHECK(rhs_zero_point == 0 || rhs_zero_point == 8, op,
-              ": rhs_zero_point must be 8 (unsigned nibbles) or 0 (signed int4), got ", rhs_zero_point);
-  if (kxn) check_input(op, "rhs", rhs, at::kByte, {k, (n + 1) / 2});
-  else check_input(op, "rhs", rhs, at::kByte, {n, (k + 1) / 2});
-  check_input(op, "scale", scale, at::kFloat, {n});
-  if (bias) check_input(op, "bias", *bias, at::kFloat, {n});
+  check_rhs_pack_qsi4cxp_args(op, kxn, rhs, scale, bias, n, k, nr, kr, sr, rhs_zero_point,
+                              c10::DeviceType::CPU);
   at::Tensor out = at::empty({kai::rhs_packed_size_qsi4cxp(n, k, nr)}, rhs.options());
   kai::rhs_pack_qsi4cxp(kxn, n, k, nr, kr, sr, rhs.data_ptr<uint8_t>(), scale.data_ptr<float>(),
                         bias ? bias->data_ptr<float>() : nullptr, rhs_zero_point,
@@ -112,13 +62,8 @@ at::Tensor pack_qsi4cxp(const char* op, bool kxn, const at::Tensor& rhs, const a
 at::Tensor pack_qsi4c32p(const char* op, bool kxn, const at::Tensor& rhs, const at::Tensor& scale,
                          const std::optional<at::Tensor>& bias, int64_t n, int64_t k, int64_t bl,
                          int64_t nr, int64_t kr, int64_t sr) {
-  check_sizes(op, n, k);
-  check_nr_kr_sr(op, nr, kr, sr);
-  check_block(op, k, nr, kr, bl);
-  if (kxn) check_input(op, "rhs", rhs, at::kByte, {k, (n + 1) / 2});
-  else check_input(op, "rhs", rhs, at::kByte, {n, k / 2});
-  check_input(op, "scale", scale, at::kBFloat16, {n, k / bl});
-  if (bias) check_input(op, "bias", *bias, at::kFloat, {n});
+  check_rhs_pack_qsi4c32p_args(op, kxn, rhs, scale, bias, n, k, bl, nr, kr, sr,
+                               c10::DeviceType::CPU);
   at::Tensor out = at::empty({kai::rhs_packed_size_qsi4c32p(n, k, nr, bl)}, rhs.options());
   kai::rhs_pack_qsi4c32p(kxn, n, k, nr, kr, sr, bl, rhs.data_ptr<uint8_t>(),
                          reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>()),
@@ -147,8 +92,9 @@ at::Tensor rhs_pack_kxn_qsi4c32p(const at::Tensor& rhs, const at::Tensor& scale,
   return pack_qsi4c32p("rhs_pack_kxn_qsi4c32p_qsu4c32s1s0", true, rhs, scale, bias, n, k, bl, nr, kr, sr);
 }
 
-void quant_pack_lhs_into(const at::Tensor& lhs2d, int64_t mr, int64_t kr, int64_t sr,
-                         uint8_t* out) {
+// op, name: who to blame for a non-finite value (check_finite_rows, run per task on its rows).
+void quant_pack_lhs_into(const char* op, const char* name, const at::Tensor& lhs2d, int64_t mr,
+                         int64_t kr, int64_t sr, uint8_t* out) {
   const int64_t m = lhs2d.size(0), k = lhs2d.size(1);
   const float* x = lhs2d.data_ptr<float>();
   const int64_t stride = lhs2d.stride(0);
@@ -157,46 +103,25 @@ void quant_pack_lhs_into(const at::Tensor& lhs2d, int64_t mr, int64_t kr, int64_
   const int64_t groups = kai::roundup(m, mr) / mr;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mr * k));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    check_finite_rows(op, name, lhs2d, g0 * mr, std::min(m, g1 * mr));
     kai::lhs_quant_pack_qai8dxp(g0 * mr, std::min(m, g1 * mr), k, mr, kr, sr, x, stride, out);
   });
 }
 
 at::Tensor lhs_quant_pack_qai8dxp_f32(const at::Tensor& lhs, int64_t mr, int64_t kr, int64_t sr) {
-  const char* op = "lhs_quant_pack_qai8dxp_f32";
-  check_device(op, "lhs", lhs, c10::DeviceType::CPU);
-  check_dtype(op, "lhs", lhs, at::kFloat);
-  check_dim(op, "lhs", lhs, 2);
-  check_positive(op, "k (lhs.size(1))", lhs.size(1));
-  check_positive(op, "mr", mr);
-  check_dim_bound(op, "mr", mr, kMaxMr);
-  check_nr_kr_sr(op, 1, kr, sr);
-  TORCH_CHECK(lhs.stride(1) == 1, op, ": lhs must have unit stride along K, got strides ",
-              lhs.strides());
+  check_lhs_quant_pack_args(lhs, mr, kr, sr, c10::DeviceType::CPU);
   const int64_t m = lhs.size(0), k = lhs.size(1);
   // Zero-filled: the slots of rows >= m in the last mr-group are not written.
   at::Tensor out = at::zeros({kai::lhs_packed_size_qai8dxp(m, k, mr)}, lhs.options().dtype(at::kByte));
-  quant_pack_lhs_into(lhs, mr, kr, sr, out.data_ptr<uint8_t>());
+  quant_pack_lhs_into("lhs_quant_pack_qai8dxp_f32", "lhs", lhs, mr, kr, sr,
+                      out.data_ptr<uint8_t>());
   return out;
 }
 
 // ---- matmul ---------------------------------------------------------------------------------
 
-Isa resolve_isa(const char* op, c10::string_view isa) {
-  Isa out;
-  const char* why = "";
-  const std::string name(isa);
-  if (kai::parse_isa(name.c_str(), &out, &why)) return out;
-  // isa="auto" defers to the environment: name the value that was actually rejected.
-  const char* env = std::getenv("W4K_KLEIDIAI_ISA");
-  if (name == "auto" && env != nullptr && *env != '\0') {
-    TORCH_CHECK(false, op, ": W4K_KLEIDIAI_ISA='", env, "' (the environment, read for isa='auto')",
-                " cannot be used: ", why);
-  }
-  TORCH_CHECK(false, op, ": isa '", name, "' cannot be used: ", why);
-  return out;
-}
-
-void run_matmul(Isa isa, const kai::MatmulArgs& a0) {
+// rhs_name: the caller's name of the packed RHS, for check_rhs_packed_values.
+void run_matmul(const char* op, const char* rhs_name, Isa isa, const kai::MatmulArgs& a0) {
   kai::MatmulArgs a = a0;
   const int64_t nkb = kai::num_kblocks(a);
   at::Tensor sums = at::empty({std::max<int64_t>(a.m, 1) * nkb}, at::kInt);
@@ -212,48 +137,29 @@ void run_matmul(Isa isa, const kai::MatmulArgs& a0) {
     for (int64_t i = b; i < e;) {
       const int64_t mc = i / num_nb, nb0 = i % num_nb;
       const int64_t nb1 = std::min(num_nb, nb0 + (e - i));
+      // Once per nr-block (first M chunk), just before the kernel reads the same bytes.
+      if (mc == 0)
+        check_rhs_packed_values(op, rhs_name, a.rhs_packed, a.n, a.k, a.nr, a.bl, nb0, nb1);
       kai::matmul(isa, a, mc * 64, std::min(a.m, mc * 64 + 64), nb0, nb1);
       i += nb1 - nb0;
     }
   });
 }
 
+// per_block: the qsi4c32p layout with block length bl (else per-channel; bl is then 0).
 at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::Tensor& rhs_packed,
-                       int64_t m, int64_t n, int64_t k, int64_t bl, int64_t mr, int64_t nr,
-                       int64_t kr, int64_t sr, std::optional<double> clamp_min,
+                       int64_t m, int64_t n, int64_t k, bool per_block, int64_t bl, int64_t mr,
+                       int64_t nr, int64_t kr, int64_t sr, std::optional<double> clamp_min,
                        std::optional<double> clamp_max, std::optional<at::ScalarType> out_dtype,
-                       c10::string_view isa) {
-  check_m_mr(op, m, mr);
-  check_sizes(op, n, k);
-  // int32 accumulation, as KleidiAI's: |16 * dot| <= 16 * 128 * 8 * K_i must stay below 2^31.
-  TORCH_CHECK(k <= 131072, op, ": k must be <= 131072 (int32 accumulators), got ", k);
-  check_nr_kr_sr(op, nr, kr, sr);
-  if (bl > 0) check_block(op, k, nr, kr, bl);
-  // NaN bounds: IEEE min/max would drop them, the kernels' compare-and-select would not, and no
-  // caller means "clamp to NaN": rejected, as the reference does.
-  TORCH_CHECK(!(clamp_min && std::isnan(*clamp_min)), op, ": clamp_min must not be NaN");
-  TORCH_CHECK(!(clamp_max && std::isnan(*clamp_max)), op, ": clamp_max must not be NaN");
+                       c10::string_view isa, const char* rhs_name = "rhs_packed",
+                       bool check_lhs = true) {
+  check_kai_matmul_args(op, lhs_packed, rhs_packed, m, n, k, per_block, bl, mr, nr, kr, sr,
+                        clamp_min, clamp_max, out_dtype, c10::DeviceType::CPU);
   const at::ScalarType dt = out_dtype.value_or(at::kFloat);
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, op,
-              ": out_dtype must be float32 or bfloat16, got ", dt);
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor&>{"lhs_packed", lhs_packed},
-                         {"rhs_packed", rhs_packed}}) {
-    check_device(op, name, t, c10::DeviceType::CPU);
-    check_dtype(op, name, t, at::kByte);
-    check_contiguous(op, name, t);
-  }
-  const int64_t lhs_size = kai::lhs_packed_size_qai8dxp(m, k, mr);
-  const int64_t rhs_size = bl > 0 ? kai::rhs_packed_size_qsi4c32p(n, k, nr, bl)
-                                  : kai::rhs_packed_size_qsi4cxp(n, k, nr);
-  TORCH_CHECK(lhs_packed.numel() == lhs_size, op, ": lhs_packed must hold ", lhs_size,
-              " bytes (lhs_packed_size_qai8dxp(m=", m, ", k=", k, ", mr=", mr, ")), got ",
-              lhs_packed.numel());
-  TORCH_CHECK(rhs_packed.numel() == rhs_size, op, ": rhs_packed must hold ", rhs_size,
-              " bytes for n=", n, ", k=", k, ", nr=", nr, bl > 0 ? ", bl=" : "",
-              bl > 0 ? std::to_string(bl) : std::string(), ", got ", rhs_packed.numel());
-  const Isa path = resolve_isa(op, isa);
+  const Isa path = resolve_kleidiai_isa(op, isa);
   at::Tensor out = at::empty({m, n}, lhs_packed.options().dtype(at::kFloat));
   if (m == 0) return out.to(dt);
+  if (check_lhs) check_lhs_packed_values(op, "lhs_packed", lhs_packed.data_ptr<uint8_t>(), m, k, mr);
   kai::MatmulArgs a{};
   a.m = m; a.n = n; a.k = k; a.mr = mr; a.nr = nr; a.kr = kr; a.sr = sr; a.bl = bl;
   a.lhs_packed = lhs_packed.data_ptr<uint8_t>();
@@ -262,7 +168,7 @@ at::Tensor matmul_impl(const char* op, const at::Tensor& lhs_packed, const at::T
   a.dst_stride = n;
   a.clamp_min = clamp_min ? float(*clamp_min) : -FLT_MAX;
   a.clamp_max = clamp_max ? float(*clamp_max) : FLT_MAX;
-  run_matmul(path, a);
+  run_matmul(op, rhs_name, path, a);
   return dt == at::kFloat ? out : out.to(dt);
 }
 
@@ -270,8 +176,8 @@ at::Tensor matmul_qsi4cxp(const at::Tensor& lhs_packed, const at::Tensor& rhs_pa
                           int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t kr, int64_t sr,
                           std::optional<double> clamp_min, std::optional<double> clamp_max,
                           std::optional<at::ScalarType> out_dtype, c10::string_view isa) {
-  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n, k, 0, mr,
-                     nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
+  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n, k, false, 0,
+                     mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
 }
 
 at::Tensor matmul_qsi4c32p(const at::Tensor& lhs_packed, const at::Tensor& rhs_packed, int64_t m,
@@ -279,8 +185,8 @@ at::Tensor matmul_qsi4c32p(const at::Tensor& lhs_packed, const at::Tensor& rhs_p
                            int64_t sr, std::optional<double> clamp_min,
                            std::optional<double> clamp_max,
                            std::optional<at::ScalarType> out_dtype, c10::string_view isa) {
-  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n, k, bl, mr,
-                     nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
+  return matmul_impl("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n, k, true, bl,
+                     mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa);
 }
 
 // ---- drop-in for torch.ops.aten._dyn_quant_pack_4bit_weight / _dyn_quant_matmul_4bit ----------
@@ -288,37 +194,22 @@ at::Tensor matmul_qsi4c32p(const at::Tensor& lhs_packed, const at::Tensor& rhs_p
 // (nr=8, kr=16, sr=2; per-channel qsi4cxp with zero point 8 when block_size == in_features,
 // else per-block qsi4c32p with bf16 scales).
 
-constexpr int64_t kNr = 8, kKr = 16, kSr = 2;
-
-void check_block_size(const char* op, int64_t block_size, int64_t in_features) {
-  TORCH_CHECK(block_size == in_features || (block_size > 0 && block_size % 32 == 0 &&
-                                            in_features % block_size == 0),
-              op, ": block_size must equal in_features (per-channel) or be a multiple of 32 that "
-              "divides in_features, got block_size=", block_size, ", in_features=", in_features);
-}
+constexpr int64_t kNr = kDynNr, kKr = kDynKr, kSr = kDynSr;
 
 at::Tensor dyn_quant_pack_4bit_weight(const at::Tensor& weights, const at::Tensor& scales_zeros,
                                       const std::optional<at::Tensor>& bias, int64_t block_size,
                                       int64_t in_features, int64_t out_features) {
   const char* op = "dyn_quant_pack_4bit_weight";
   const int64_t k = in_features, n = out_features;
-  check_sizes(op, n, k);
-  check_block_size(op, block_size, k);
-  check_multiple(op, "in_features", k, 2);
-  check_input(op, "weights", weights, at::kByte, {n, k / 2});
+  check_dyn_quant_pack_args(weights, scales_zeros, bias, block_size, in_features, out_features,
+                            c10::DeviceType::CPU);
+  if (bias) check_finite_values(op, "bias", *bias);
   if (block_size == k) {
-    TORCH_CHECK(scales_zeros.scalar_type() == at::kFloat || scales_zeros.scalar_type() == at::kBFloat16,
-                op, ": scales_zeros must have dtype float32 or bfloat16 for per-channel weights, got ",
-                scales_zeros.scalar_type());
-    TORCH_CHECK(scales_zeros.numel() == n && (scales_zeros.dim() == 1 || scales_zeros.dim() == 2),
-                op, ": scales_zeros must have shape [", n, "] or [", n, ", 1], got ", scales_zeros.sizes());
     const at::Tensor s = scales_zeros.reshape({n}).to(at::kFloat).contiguous();  // bf16 -> f32 is exact
+    check_finite_values(op, "scales_zeros", s);
     return pack_qsi4cxp(op, false, weights, s, bias, n, k, kNr, kKr, kSr, 8);
   }
-  // Per-block: bf16 scales, as PyTorch's KleidiAI path requires (an f32 scale would have to
-  // be rounded, silently changing the result).
-  check_dtype(op, "scales_zeros", scales_zeros, at::kBFloat16);
-  check_shape(op, "scales_zeros", scales_zeros, {n, k / block_size});
+  check_finite_values(op, "scales_zeros", scales_zeros.contiguous());
   return pack_qsi4c32p(op, false, weights, scales_zeros.contiguous(), bias, n, k, block_size,
                        kNr, kKr, kSr);
 }
@@ -328,36 +219,24 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
                                  c10::string_view isa) {
   const char* op = "dyn_quant_matmul_4bit";
   const int64_t k = in_features, n = out_features;
-  check_sizes(op, n, k);
-  check_block_size(op, block_size, k);
-  check_device(op, "inp", inp, c10::DeviceType::CPU);
-  TORCH_CHECK(inp.scalar_type() == at::kFloat || inp.scalar_type() == at::kBFloat16, op,
-              ": inp must have dtype float32 or bfloat16, got ", inp.scalar_type());
-  TORCH_CHECK(inp.dim() >= 1 && inp.size(-1) == k, op, ": inp must have shape [..., in_features=",
-              k, "], got ", inp.sizes());
-  check_device(op, "packed_weights", packed_weights, c10::DeviceType::CPU);
+  check_dyn_quant_matmul_args(inp, packed_weights, block_size, in_features, out_features,
+                              c10::DeviceType::CPU);
   const bool per_block = block_size != k;
-  const int64_t expected = per_block ? kai::rhs_packed_size_qsi4c32p(n, k, kNr, block_size)
-                                     : kai::rhs_packed_size_qsi4cxp(n, k, kNr);
-  TORCH_CHECK(packed_weights.scalar_type() == at::kByte && packed_weights.numel() == expected, op,
-              ": packed_weights must be the uint8 buffer of dyn_quant_pack_4bit_weight (", expected,
-              " bytes for in_features=", k, ", out_features=", n, ", block_size=", block_size,
-              "), got dtype ", packed_weights.scalar_type(), " with ", packed_weights.numel(),
-              " elements");
   const at::Tensor x = inp.reshape({-1, k}).to(at::kFloat).contiguous();
   const int64_t m = x.size(0);
   at::Tensor lhs_packed = at::empty({kai::lhs_packed_size_qai8dxp(m, k, 1)}, x.options().dtype(at::kByte));
-  quant_pack_lhs_into(x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
-  at::Tensor out = matmul_impl(op, lhs_packed, packed_weights.contiguous(), m, n, k,
+  quant_pack_lhs_into(op, "inp", x, 1, kKr, kSr, lhs_packed.data_ptr<uint8_t>());
+  at::Tensor out = matmul_impl(op, lhs_packed, packed_weights.contiguous(), m, n, k, per_block,
                                per_block ? block_size : 0, 1, kNr, kKr, kSr, std::nullopt,
-                               std::nullopt, inp.scalar_type(), isa);
+                               std::nullopt, inp.scalar_type(), isa, "packed_weights",
+                               /*check_lhs=*/false);
   std::vector<int64_t> shape(inp.sizes().begin(), inp.sizes().end());
   shape.back() = n;
   return out.view(shape);
 }
 
 std::string kleidiai_isa(c10::string_view isa) {
-  return kai::isa_name(resolve_isa("kleidiai_isa", isa));
+  return kai::isa_name(resolve_kleidiai_isa("kleidiai_isa", isa));
 }
 
 }  // namespace
@@ -375,7 +254,7 @@ TORCH_LIBRARY_IMPL(w4kernels, CPU, m) {
 }
 
 // Size queries and the ISA query take no tensors, so they are registered for every backend
-// (and run as is under FakeTensorMode, where the fakes call them with concrete ints).
+// (and run as is under FakeTensorMode).
 TORCH_LIBRARY_IMPL(w4kernels, CompositeExplicitAutograd, m) {
   m.impl("rhs_packed_size_qsi4cxp", &rhs_packed_size_qsi4cxp);
   m.impl("rhs_packed_size_qsi4c32p", &rhs_packed_size_qsi4c32p);

@@ -14,6 +14,7 @@
 #include "kernels/awq_dequantize.cuh"
 #include "kernels/marlin_repack.cuh"
 #include "marlin_checks.h"
+#include "meta_kernels.h"
 #include "schemas.h"
 #include "simt/simt_binding.h"
 
@@ -90,6 +91,9 @@ TORCH_LIBRARY_IMPL(w4kernels_simt, CPU, m) {
   m.impl("awq_marlin_repack", &w4k::awq_marlin_repack_simt);
   m.impl("awq_dequantize", &w4k::awq_dequantize_simt);
 }
+
+// The same Meta kernels as w4kernels (meta_kernels.h): the emulator namespace's fakes.
+TORCH_LIBRARY_IMPL(w4kernels_simt, Meta, m) { w4k::meta::register_marlin_awq_meta(m); }
 
 // `import w4kernels._simt` loads this shared object, which runs the registrations above.
 extern "C" PyObject* PyInit__simt(void) {

@@ -35,7 +35,7 @@ try:  # the SIMT emulator build of the CUDA kernels (torch.ops.w4kernels_simt.*)
 except ImportError:
     HAS_SIMT = False
 
-from . import ops, quant, reference, vllm  # noqa: E402,F401  (ops registers fakes for both namespaces)
+from . import ops, quant, reference, vllm  # noqa: E402,F401
 from . import checkpoint, nn  # noqa: E402,F401
 from .checkpoint import load_quantized, save_quantized  # noqa: E402,F401
 from .nn import (AWQConfig, AWQMarlinConfig, GPTQMarlinConfig, KleidiAIConfig,  # noqa: E402,F401

@@ -1,14 +1,16 @@
-"""Typed wrappers of every ``torch.ops.w4kernels`` operator, and their fake implementations.
+"""Typed wrappers of every ``torch.ops.w4kernels`` operator.
 
 Notation used in the docstrings: K = ``size_k`` (the reduction dimension, the Linear layer's
 ``in_features``), N = ``size_n`` (``out_features``), M = number of activation rows, G = number of
 quantization groups (1 for per-channel, else K / group_size). The layouts themselves are given,
 as formulas, in :mod:`w4kernels.reference`.
 
-The fakes (``torch.library.register_fake``) compute output shapes and dtypes only; they let the
-ops run under ``torch.compile(fullgraph=True)`` and ``FakeTensorMode``. They are registered for
-both the product namespace ``w4kernels`` and the emulator namespace ``w4kernels_simt``, whose
-schemas are identical.
+The ops have no Python fakes: their Meta kernels (``csrc/meta.cpp``, ``csrc/meta_kernels.h``)
+run the CPU/CUDA bindings' own argument checks and build the output's shape and dtype, so under
+``FakeTensorMode`` and ``torch.compile(fullgraph=True)`` a bad argument fails while tracing with
+the kernel's message, and a meta tensor is rejected exactly as the kernel rejects it. Checks
+that read tensor values (``perm`` is a permutation, ``g_idx`` sorted, ``workspace`` zero) run in
+the host kernels only.
 
 Every wrapper takes its op's arguments in the schema's order, with the schema's names and
 defaults (``csrc/schemas.h``; ``tests/test_vllm_dropin.py`` compares them), so a positional call
@@ -23,30 +25,6 @@ for argument, are in :mod:`w4kernels.vllm`.
 from typing import Optional
 
 import torch
-
-_NAMESPACES = ("w4kernels", "w4kernels_simt")
-
-
-def _register_fake(name):
-    """Register one fake for ``<ns>::name`` in every namespace that defines the op."""
-
-    def wrap(fn):
-        for ns in _NAMESPACES:
-            if hasattr(torch.ops, ns) and hasattr(getattr(torch.ops, ns), name):
-                torch.library.register_fake(f"{ns}::{name}")(fn)
-        return fn
-
-    return wrap
-
-
-def _check_same_device(op: str, **tensors) -> None:
-    """Fakes run for meta tensors, and for any mix of devices that includes one: reject a mix
-    instead of returning a tensor on an arbitrary device."""
-    present = {k: t.device for k, t in tensors.items() if t is not None}
-    if len(set(present.values())) > 1:
-        listing = ", ".join(f"{k} on {d}" for k, d in present.items())
-        raise RuntimeError(f"{op}: all tensors must be on the same device, got {listing}")
-
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -101,12 +79,6 @@ def marlin_repack(b_q_weight: torch.Tensor, perm: Optional[torch.Tensor], size_k
     return torch.ops.w4kernels.marlin_repack(b_q_weight, perm, size_k, size_n, num_bits)
 
 
-@_register_fake("marlin_repack")
-def _marlin_repack_fake(b_q_weight, perm, size_k, size_n, num_bits=4):
-    _check_same_device("marlin_repack", b_q_weight=b_q_weight, perm=perm)
-    return b_q_weight.new_empty((size_k // 16, size_n * 16 // 8))
-
-
 def awq_marlin_repack(b_q_weight: torch.Tensor, size_k: int, size_n: int,
                       num_bits: int = 4) -> torch.Tensor:
     """AWQ-packed weight to the Marlin layout (vLLM ``awq_marlin_repack``, byte-identical).
@@ -121,11 +93,6 @@ def awq_marlin_repack(b_q_weight: torch.Tensor, size_k: int, size_n: int,
         int32 ``[K/16, 2N]`` in the Marlin layout.
     """
     return torch.ops.w4kernels.awq_marlin_repack(b_q_weight, size_k, size_n, num_bits)
-
-
-@_register_fake("awq_marlin_repack")
-def _awq_marlin_repack_fake(b_q_weight, size_k, size_n, num_bits=4):
-    return b_q_weight.new_empty((size_k // 16, size_n * 16 // 8))
 
 
 def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor,
@@ -202,15 +169,6 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
     return out if lead is None else out.reshape(*lead, size_n)
 
 
-@_register_fake("w4a16_gemm")
-def _w4a16_gemm_fake(a, b_q_weight, b_scales, b_zeros, g_idx, perm, workspace, num_bits, size_m,
-                     size_n, size_k, is_k_full=True, b_bias=None, use_fp32_reduce=True):
-    _check_same_device("w4a16_gemm", a=a, b_q_weight=b_q_weight, b_scales=b_scales,
-                       b_zeros=b_zeros, g_idx=g_idx, perm=perm, workspace=workspace,
-                       b_bias=b_bias)
-    return a.new_empty((size_m, size_n))
-
-
 def marlin_workspace(size_n: int, device=None) -> torch.Tensor:
     """A zeroed workspace large enough for :func:`w4a16_gemm` with this N."""
     return torch.zeros(max(size_n // 64, 1) * 16, dtype=torch.int32, device=device)
@@ -237,12 +195,6 @@ def awq_dequantize(qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Te
     return torch.ops.w4kernels.awq_dequantize(qweight, scales, qzeros, split_k_iters, thx, thy)
 
 
-@_register_fake("awq_dequantize")
-def _awq_dequantize_fake(qweight, scales, qzeros, split_k_iters=0, thx=0, thy=0):
-    _check_same_device("awq_dequantize", qweight=qweight, scales=scales, qzeros=qzeros)
-    return scales.new_empty((qweight.shape[0], qweight.shape[1] * 8))
-
-
 def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzeros: torch.Tensor,
              split_k_iters: int = 8) -> torch.Tensor:
     """``x @ awq_dequantize(qweight, scales, qzeros)`` without materializing the weight.
@@ -267,12 +219,6 @@ def awq_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, qzero
     return out if lead is None else out.reshape(*lead, out.shape[-1])
 
 
-@_register_fake("awq_gemm")
-def _awq_gemm_fake(x, qweight, scales, qzeros, split_k_iters=8):
-    _check_same_device("awq_gemm", x=x, qweight=qweight, scales=scales, qzeros=qzeros)
-    return x.new_empty((x.shape[0], qweight.shape[1] * 8))
-
-
 # ---- KleidiAI -----------------------------------------------------------------------------
 #
 # Layouts (names as KleidiAI's): qsi4cxp = per-channel signed int4 RHS, qsi4c32p = per-block
@@ -282,6 +228,19 @@ def _awq_gemm_fake(x, qweight, scales, qzeros, split_k_iters=8):
 # (nr, kr, sr) = (8, 16, 2) are what the fast x86 kernels are written for; other legal values
 # run the scalar kernel. Kernel path: ``isa="auto"`` (env ``W4K_KLEIDIAI_ISA`` if set, else the
 # best the CPU has), or "avx512", "avxvnni", "avx2", "scalar".
+#
+# Packed buffers have no header (they stay byte-identical with KleidiAI's), so the parameters a
+# buffer was packed with are the caller's contract: a matmul must get the same n, k, bl, nr, kr,
+# sr (RHS) and m, k, mr, kr, sr (LHS) as the packer did. What the ops check: the byte count, and
+# the per-row metadata every packer writes (LHS zero points in [-127, 128] and positive finite
+# 1/scale; per-channel rsum a multiple of 16 within the int4 range, finite scale and bias;
+# per-block finite bf16 scales of the first and last K block, finite rsum and bias). Parameters
+# that give the same byte count (per-channel n=24, k=128 and per-block bl=64 are both 1824
+# bytes; an LHS of m % 4 == 0 rows is as long for mr=4 as for mr=1; nr=8 and nr=1 at n=8) are
+# thus caught by their metadata, which land on other data. Not caught: a different kr / sr
+# (same metadata, weights in another order), and a buffer whose bytes were altered without
+# breaking those invariants. The packers refuse non-finite scales and biases and the quantizers
+# non-finite activations, so no packed buffer carries a NaN or an infinity.
 
 
 def rhs_packed_size_qsi4cxp(n: int, k: int, nr: int = 8, kr: int = 16, sr: int = 2) -> int:
@@ -300,10 +259,6 @@ def lhs_packed_size_qai8dxp(m: int, k: int, mr: int = 1, kr: int = 16, sr: int =
     return torch.ops.w4kernels.lhs_packed_size_qai8dxp(m, k, mr, kr, sr)
 
 
-def _kai_packed(t: torch.Tensor, size: int) -> torch.Tensor:
-    return t.new_empty((size,), dtype=torch.uint8)
-
-
 def rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs: torch.Tensor, scale: torch.Tensor,
                                    bias: Optional[torch.Tensor], n: int, k: int, nr: int = 8,
                                    kr: int = 16, sr: int = 2,
@@ -313,8 +268,9 @@ def rhs_pack_nxk_qsi4cxp_qs4cxs1s0(rhs: torch.Tensor, scale: torch.Tensor,
     Args:
         rhs: uint8 ``[n, ceil(k/2)]``; element (n, k) is the low nibble of byte ``k // 2`` for
             even k, the high nibble for odd k.
-        scale: float32 ``[n]``, the dequantization scale: w = (q - rhs_zero_point) * scale.
-        bias: float32 ``[n]`` or None (zeros are stored).
+        scale: float32 ``[n]``, the dequantization scale: w = (q - rhs_zero_point) * scale;
+            finite (rejected otherwise, see the section comment).
+        bias: float32 ``[n]`` or None (zeros are stored); finite.
         n, k: N, K (any positive K; K is padded to a multiple of 32).
         nr, kr, sr: KleidiAI packing parameters; kr % sr == 0 and kr / sr divides 16.
         rhs_zero_point: 8 (nibbles are unsigned 0..15) or 0 (nibbles are signed int4).
@@ -343,8 +299,8 @@ def rhs_pack_nxk_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
 
     Args:
         rhs: uint8 ``[n, k/2]``, low nibble = even k.
-        scale: bfloat16 ``[n, k/bl]``: w = (q - 8) * scale[n, k // bl].
-        bias: float32 ``[n]`` or None.
+        scale: bfloat16 ``[n, k/bl]``: w = (q - 8) * scale[n, k // bl]; finite.
+        bias: float32 ``[n]`` or None; finite.
         bl: block length, a multiple of 32 (and of kr) dividing k. nr: a multiple of 4.
 
     Returns:
@@ -362,25 +318,13 @@ def rhs_pack_kxn_qsi4c32p_qsu4c32s1s0(rhs: torch.Tensor, scale: torch.Tensor,
                                                                  kr, sr)
 
 
-for _name in ("rhs_pack_nxk_qsi4cxp_qs4cxs1s0", "rhs_pack_kxn_qsi4cxp_qs4cxs1s0"):
-    @_register_fake(_name)
-    def _rhs_pack_qsi4cxp_fake(rhs, scale, bias, n, k, nr=8, kr=16, sr=2, rhs_zero_point=8):
-        _check_same_device("rhs_pack_qsi4cxp", rhs=rhs, scale=scale, bias=bias)
-        return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr))
-
-for _name in ("rhs_pack_nxk_qsi4c32p_qsu4c32s1s0", "rhs_pack_kxn_qsi4c32p_qsu4c32s1s0"):
-    @_register_fake(_name)
-    def _rhs_pack_qsi4c32p_fake(rhs, scale, bias, n, k, bl, nr=8, kr=16, sr=2):
-        _check_same_device("rhs_pack_qsi4c32p", rhs=rhs, scale=scale, bias=bias)
-        return _kai_packed(rhs, torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr))
-
-
 def lhs_quant_pack_qai8dxp_f32(lhs: torch.Tensor, mr: int = 1, kr: int = 16,
                                sr: int = 2) -> torch.Tensor:
     """Quantize f32 activations per row to asymmetric int8 and pack them like KleidiAI.
 
     Args:
-        lhs: float32 ``[m, k]`` (unit stride along k; finite values).
+        lhs: float32 ``[m, k]`` (unit stride along k; finite values: NaN or infinity is
+            rejected, a row's int8 quantization has no meaning for them).
         mr: rows interleaved per group; kr, sr: as the RHS (only kr / sr matters here).
 
     Returns:
@@ -388,15 +332,6 @@ def lhs_quant_pack_qai8dxp_f32(lhs: torch.Tensor, mr: int = 1, kr: int = 16,
         group are 0.
     """
     return torch.ops.w4kernels.lhs_quant_pack_qai8dxp_f32(lhs, mr, kr, sr)
-
-
-@_register_fake("lhs_quant_pack_qai8dxp_f32")
-def _lhs_quant_pack_qai8dxp_f32_fake(lhs, mr=1, kr=16, sr=2):
-    if lhs.dim() != 2:  # the kernel's message, not an unpacking error
-        raise RuntimeError(f"lhs_quant_pack_qai8dxp_f32: lhs must be a 2-D tensor, got "
-                           f"{lhs.dim()}-D")
-    m, k = lhs.shape
-    return _kai_packed(lhs, torch.ops.w4kernels.lhs_packed_size_qai8dxp(m, k, mr, kr, sr))
 
 
 def matmul_clamp_f32_qai8dxp_qsi4cxp(lhs_packed: torch.Tensor, rhs_packed: torch.Tensor, m: int,
@@ -411,8 +346,9 @@ def matmul_clamp_f32_qai8dxp_qsi4cxp(lhs_packed: torch.Tensor, rhs_packed: torch
     ``clamp((f32(iacc) * rhs_scale) * lhs_scale + bias, clamp_min, clamp_max)``.
 
     Args:
-        lhs_packed: uint8 from :func:`lhs_quant_pack_qai8dxp_f32` (same m, k, mr, kr, sr).
-        rhs_packed: uint8 from a qsi4cxp packer (same n, k, nr, kr, sr).
+        lhs_packed: uint8 from :func:`lhs_quant_pack_qai8dxp_f32` (same m, k, mr, kr, sr: the
+            caller's contract; see the section comment for what is checked).
+        rhs_packed: uint8 from a qsi4cxp packer (same n, k, nr, kr, sr, likewise).
         clamp_min, clamp_max: None = -FLT_MAX / FLT_MAX.
         out_dtype: torch.float32 (default) or torch.bfloat16 (the f32 result rounded to nearest).
         isa: kernel path, see the section comment.
@@ -438,32 +374,6 @@ def matmul_clamp_f32_qai8dxp_qsi4c32p(lhs_packed: torch.Tensor, rhs_packed: torc
         lhs_packed, rhs_packed, m, n, k, bl, mr, nr, kr, sr, clamp_min, clamp_max, out_dtype, isa)
 
 
-def _kai_matmul_fake(op, lhs_packed, rhs_packed, m, n, out_dtype):
-    _check_same_device(op, lhs_packed=lhs_packed, rhs_packed=rhs_packed)
-    torch._check(lhs_packed.dtype == torch.uint8 and rhs_packed.dtype == torch.uint8,
-                 lambda: f"{op}: lhs_packed and rhs_packed must be uint8")
-    return lhs_packed.new_empty((m, n), dtype=out_dtype or torch.float32)
-
-
-@_register_fake("matmul_clamp_f32_qai8dxp_qsi4cxp")
-def _matmul_qsi4cxp_fake(lhs_packed, rhs_packed, m, n, k, mr=1, nr=8, kr=16, sr=2,
-                         clamp_min=None, clamp_max=None, out_dtype=None, isa="auto"):
-    torch._check(rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4cxp(n, k, nr, kr, sr),
-                 lambda: "matmul_clamp_f32_qai8dxp_qsi4cxp: rhs_packed has the wrong size")
-    return _kai_matmul_fake("matmul_clamp_f32_qai8dxp_qsi4cxp", lhs_packed, rhs_packed, m, n,
-                            out_dtype)
-
-
-@_register_fake("matmul_clamp_f32_qai8dxp_qsi4c32p")
-def _matmul_qsi4c32p_fake(lhs_packed, rhs_packed, m, n, k, bl, mr=1, nr=8, kr=16, sr=2,
-                          clamp_min=None, clamp_max=None, out_dtype=None, isa="auto"):
-    torch._check(
-        rhs_packed.numel() == torch.ops.w4kernels.rhs_packed_size_qsi4c32p(n, k, bl, nr, kr, sr),
-        lambda: "matmul_clamp_f32_qai8dxp_qsi4c32p: rhs_packed has the wrong size")
-    return _kai_matmul_fake("matmul_clamp_f32_qai8dxp_qsi4c32p", lhs_packed, rhs_packed, m, n,
-                            out_dtype)
-
-
 def dyn_quant_pack_4bit_weight(weights: torch.Tensor, scales_zeros: torch.Tensor,
                                bias: Optional[torch.Tensor], block_size: int, in_features: int,
                                out_features: int) -> torch.Tensor:
@@ -486,17 +396,6 @@ def dyn_quant_pack_4bit_weight(weights: torch.Tensor, scales_zeros: torch.Tensor
                                                           in_features, out_features)
 
 
-@_register_fake("dyn_quant_pack_4bit_weight")
-def _dyn_quant_pack_4bit_weight_fake(weights, scales_zeros, bias, block_size, in_features,
-                                     out_features):
-    if block_size == in_features:
-        size = torch.ops.w4kernels.rhs_packed_size_qsi4cxp(out_features, in_features, 8, 16, 2)
-    else:
-        size = torch.ops.w4kernels.rhs_packed_size_qsi4c32p(out_features, in_features,
-                                                            block_size, 8, 16, 2)
-    return _kai_packed(weights, size)
-
-
 def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block_size: int,
                           in_features: int, out_features: int,
                           isa: str = "auto") -> torch.Tensor:
@@ -505,20 +404,16 @@ def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block
 
     Args:
         inp: float32 or bfloat16 ``[..., in_features]``; the result has inp's dtype.
-        packed_weights: from :func:`dyn_quant_pack_4bit_weight` with the same sizes.
+        packed_weights: from :func:`dyn_quant_pack_4bit_weight` with the same sizes and
+            block_size (the caller's contract: a buffer of another block_size is rejected by
+            its size or, where the sizes coincide, by its metadata; see the section comment).
+        inp must be finite (NaN or infinity has no int8 quantization: rejected).
 
     Returns:
         ``[..., out_features]``.
     """
     return torch.ops.w4kernels.dyn_quant_matmul_4bit(inp, packed_weights, block_size,
                                                      in_features, out_features, isa)
-
-
-@_register_fake("dyn_quant_matmul_4bit")
-def _dyn_quant_matmul_4bit_fake(inp, packed_weights, block_size, in_features, out_features,
-                                isa="auto"):
-    _check_same_device("dyn_quant_matmul_4bit", inp=inp, packed_weights=packed_weights)
-    return inp.new_empty((*inp.shape[:-1], out_features))
 
 
 def kleidiai_isa(isa: str = "auto") -> str:
