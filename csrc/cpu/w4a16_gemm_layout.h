@@ -86,6 +86,36 @@ inline const MarlinChunkTables& chunk_tables() {
   return tables;
 }
 
+// ---- scales and zero points of a chunk ------------------------------------------------------
+
+// Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
+// scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
+// chunk) and per 32 columns when G == 1. Per-channel (G == 1, chan_scale != nullptr) the scales
+// go to chan_scale[n] (chunk column order) for the epilogue and sc is all ones, so every path
+// dequantizes to the exact q - z without a per-channel variant of its own.
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
+                                float* chan_scale) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const float* s_row = p.scales + g * p.size_n + 64 * ch;
+    for (int x = 0; x < 64; ++x) {
+      int n = tb.colperm[x];
+      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
+      if (chan_scale) {
+        chan_scale[n] = s_row[src];
+        sc[g * 64 + x] = 1.0f;
+      } else {
+        sc[g * 64 + x] = s_row[src];
+      }
+      if (zf) {
+        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
+        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
+        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
+      }
+    }
+  }
+}
+
 // ---- epilogue -----------------------------------------------------------------------------------
 
 // The fp32 epilogue of one output element, shared by every path so that they agree to the bit.
