@@ -42,16 +42,21 @@ namespace w4k::cpu {
 // n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble 4*b2 + j,
 // so one line's 8 weights columns come from 8 contiguous scales and one word. The rounding is
 // vcvtneps2bf16 (round to nearest even; a subnormal result is flushed to zero, as vdpbf16ps
-// would flush it when multiplying). s_row: nullptr per channel; z_words: nullptr -> z = 8.
+// would flush it when multiplying). s_row: bf16 scale bits, nullptr per channel; z_words:
+// nullptr -> z = 8.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void build_pair_table_avx512(
-    const float* s_row, const int32_t* z_words, uint16_t* tbl) {
+    const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // lane l of vector r: code q = 4r + l / 4, column j = l % 4
   const __m512i code_base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i j_of_lane = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
   const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
   for (int c = 0; c < 8; ++c) {
     __m256 s8 = _mm256_set1_ps(1.0f);
-    if (s_row) s8 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(s_row + 8 * c), even);
+    if (s_row) {  // bf16 -> fp32: the bits in the high half
+      const __m256i bits = _mm256_cvtepu16_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c)));
+      s8 = _mm256_permutevar8x32_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), even);
+    }
     const uint32_t zw = z_words ? static_cast<uint32_t>(z_words[c]) : 0x88888888u;
     for (int b2 = 0; b2 < 2; ++b2) {
       const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
