@@ -44,12 +44,15 @@ namespace w4k::cpu {
 // vcvtneps2bf16 (round to nearest even; a subnormal result is flushed to zero, as vdpbf16ps
 // would flush it when multiplying). s_row: bf16 scale bits, nullptr per channel; z_words:
 // nullptr -> z = 8.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void build_pair_table_avx512(
+__attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) inline void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // lane l of vector r: code q = 4r + l / 4, column j = l % 4
   const __m512i code_base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i j_of_lane = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
   const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
+  __m512 code[4];
+  for (int r = 0; r < 4; ++r)
+    code[r] = _mm512_cvtepi32_ps(_mm512_add_epi32(code_base, _mm512_set1_epi32(4 * r)));
   for (int c = 0; c < 8; ++c) {
     __m256 s8 = _mm256_set1_ps(1.0f);
     if (s_row) {  // bf16 -> fp32: the bits in the high half
@@ -66,13 +69,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void build_pair_ta
       const __m512 z = _mm512_cvtepi32_ps(_mm512_and_si512(
           _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(zw)), z_shift),
           _mm512_set1_epi32(15)));
+      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
+      // times an 8-bit significand) and so is their difference (a 5-bit integer times s), so
+      // the fma's one rounding changes nothing.
+      const __m512 zs = _mm512_mul_ps(z, s);
       __m256i half[4];
-      for (int r = 0; r < 4; ++r) {
-        const __m512 code =
-            _mm512_cvtepi32_ps(_mm512_add_epi32(code_base, _mm512_set1_epi32(4 * r)));
-        const __m512 w = _mm512_mul_ps(_mm512_sub_ps(code, z), s);  // exact in fp32
-        half[r] = (__m256i)_mm512_cvtneps_pbh(w);
-      }
+      for (int r = 0; r < 4; ++r)
+        half[r] = (__m256i)_mm512_cvtneps_pbh(_mm512_fmsub_ps(code[r], s, zs));
       uint16_t* t = tbl + (2 * c + b2) * 64;
       _mm512_storeu_si512(t, _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1));
       _mm512_storeu_si512(t + 32,
@@ -81,14 +84,31 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void build_pair_ta
   }
 }
 
+// Lane 4t + j of a_pairs[(kt - kt0) * 2 * rows + 2i + h] is the bf16 pair (a[i, 16kt + 2t +
+// 8h], a[i, 16kt + 2t + 8h + 1]): what lane (t, j) of the decoded weights multiplies. Built
+// once per block of tiles and row block, shared by every chunk.
+__attribute__((target("avx512f"))) inline void build_a_pairs_avx512(
+    const uint16_t* a, int64_t lda, int64_t rows, int64_t kt0, int64_t kt1, __m512i* a_pairs) {
+  const __m512i idx[2] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                          _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
+  for (int64_t kt = kt0; kt < kt1; ++kt)
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512i a_tile = _mm512_castsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * lda + 16 * kt)));
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 2 + h,
+                            _mm512_permutexvar_epi32(idx[h], a_tile));
+    }
+}
+
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
-// words: the chunk's words of tile kt0; a: bf16 rows (row stride lda) from k = 0; tbl: the
-// chunk's tables of groups g_first .. (1024 entries each).
+// words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
+// the chunk's tables of groups g_first .. (1024 entries each).
 // acc[i * 256 + (2c + b2) * 16 + 4t + j]: fp32 partial sums (t) of column 16j + c + 8*b2.
-// Registers: 2*NCP*MR accumulators, 4*NCP table halves, 2*MR permuted a (<= 28 of 32).
+// Registers: 2*NCP*MR accumulators and 4*NCP table halves (<= 24 of 32); a from memory.
 template <int MR, int NCP>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
-    const uint16_t* a, int64_t lda, const int32_t* words, int64_t word_stride, int64_t kt0,
+    const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
     int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
     int64_t g_first, int c0, float* acc) {
   __m512 acc_v[MR][2 * NCP];
@@ -100,10 +120,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
   const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
                                              0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
                                              0x20002, 0x30003);
-  // Lane 4t + j takes the bf16 pair t + 4h of the tile's 16 activations (rows 2t + 8h, +1).
-  const __m512i a_pair_idx[2] = {
-      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-      _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
   __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP];
   int64_t g_loaded = -1;
   for (int64_t kt = kt0; kt < kt1; ++kt) {
@@ -122,13 +138,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
       }
       g_loaded = g;
     }
-    __m512i av[MR][2];
-    for (int i = 0; i < MR; ++i) {
-      const __m512i a_tile = _mm512_castsi256_si512(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * lda + 16 * kt)));
-      av[i][0] = _mm512_permutexvar_epi32(a_pair_idx[0], a_tile);
-      av[i][1] = _mm512_permutexvar_epi32(a_pair_idx[1], a_tile);
-    }
+    const __m512i* av = a_pairs + (kt - kt0) * 2 * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
@@ -141,7 +151,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
         const __m512bh wv =
             (__m512bh)_mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
         for (int i = 0; i < MR; ++i)
-          acc_v[i][cb] = _mm512_dpbf16_ps(acc_v[i][cb], (__m512bh)av[i][e & 1], wv);
+          acc_v[i][cb] = _mm512_dpbf16_ps(
+              acc_v[i][cb], (__m512bh)_mm512_loadu_si512(av + 2 * i + (e & 1)), wv);
       }
     }
   }
@@ -152,30 +163,21 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
 
 // All 8 lines for rows [0, rows) (rows <= 4), in as many passes as the registers need.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_tiles_avx512(
-    const uint16_t* a, int64_t lda, int64_t rows, const int32_t* words, int64_t word_stride,
+    const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
     int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
     const int32_t* tile_group, int64_t g_first, float* acc) {
+  auto passes = [&](auto mr, auto ncp) {
+    for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
+      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value>(
+          a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
+          acc);
+  };
+  using std::integral_constant;
   switch (rows) {
-    case 1:
-      for (int c0 = 0; c0 < 8; c0 += 4, prefetch_tiles = 0)
-        pair_pass_avx512<1, 4>(a, lda, words, word_stride, kt0, kt1, prefetch_tiles, tbl,
-                               tile_group, g_first, c0, acc);
-      break;
-    case 2:
-      for (int c0 = 0; c0 < 8; c0 += 2, prefetch_tiles = 0)
-        pair_pass_avx512<2, 2>(a, lda, words, word_stride, kt0, kt1, prefetch_tiles, tbl,
-                               tile_group, g_first, c0, acc);
-      break;
-    case 3:
-      for (int c0 = 0; c0 < 8; c0 += 2, prefetch_tiles = 0)
-        pair_pass_avx512<3, 2>(a, lda, words, word_stride, kt0, kt1, prefetch_tiles, tbl,
-                               tile_group, g_first, c0, acc);
-      break;
-    default:
-      for (int c0 = 0; c0 < 8; c0 += 1, prefetch_tiles = 0)
-        pair_pass_avx512<4, 1>(a, lda, words, word_stride, kt0, kt1, prefetch_tiles, tbl,
-                               tile_group, g_first, c0, acc);
-      break;
+    case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+    case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+    case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
+    default: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
   }
 }
 
@@ -185,6 +187,7 @@ struct PairScratch {
   std::vector<float> acc;        // [chunk][row][256 partial sums + 64 `extra`]
   std::vector<float> chan_scale; // [chunk][64] per channel
   std::vector<float> sc, zf;     // [chunk][group][64] (decode_chunk_groups), mixed tiles only
+  std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
 };
 
 // Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16 activations and
@@ -235,6 +238,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_chunks_a
       built_last = g_last;
     }
     const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
+    s.a_pairs.resize((kt1 - kt0) * 2 * ((rows + 3) / 4 * 4) * 16);
+    __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
+    for (int64_t i0 = 0; i0 < rows; i0 += 4)
+      build_a_pairs_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
+                           std::min<int64_t>(4, rows - i0), kt0, kt1,
+                           a_pairs + (kt1 - kt0) * 2 * i0);
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
       const int32_t* chunk_words = p.b_q_weight + 128 * ch;
@@ -260,7 +269,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_chunks_a
       if (g_last < 0) continue;  // every tile of the block was mixed
       const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
       for (int64_t i0 = 0; i0 < rows; i0 += 4)
-        pair_tiles_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
+        pair_tiles_avx512(a_pairs + (kt1 - kt0) * 2 * i0,
                           std::min<int64_t>(4, rows - i0), chunk_words + kt0 * word_stride,
                           word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,
                           g_first, acc + i0 * 256);
