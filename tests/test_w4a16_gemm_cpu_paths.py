@@ -16,17 +16,22 @@ from conftest import backend_or_skip
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default for bf16 at M <= 4 on an AVX512-BF16 CPU;
+# The decode path is the default at M <= 4 on an AVX-512 CPU (bf16 needs AVX512-BF16);
 # W4K_W4A16_PAIR_ROWS=0 turns it off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
 # (K, N): K = 11008 (a Llama MLP: 43 blocks of 16 k-tiles), K = 1040 (65 tiles: a last block
 # of one tile), N odd multiples of 64.
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+# M = 1..4 in bf16 (its row blocks of 1, 2, 3, 4 each have their own register tiling), 1, 3
+# and 4 in fp16 (the tilings of 3 and 4 share code there).
+DTYPE_M = [(torch.bfloat16, m) for m in (1, 2, 3, 4)] + [(torch.float16, m) for m in (1, 3, 4)]
+
+
+@pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])
 @pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
 @pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act", "shard_zp"])
-def test_decode_path(config, size_k, size_n, m):
+def test_decode_path(config, size_k, size_n, dtype, m):
     b = backend_or_skip("cpu", OP)
     # groups of whole k-tiles that divide K: 128 or 80 rows; 32 or 16 (one tile)
     large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
@@ -35,26 +40,27 @@ def test_decode_path(config, size_k, size_n, m):
                             "chan_zp_bias": (-1, None, True, True),
                             "act": (large, "k_full", False, False),
                             "shard_zp": (64, "shard", True, True)}[config]
-    case = make_case(m, size_k, size_n, group, torch.bfloat16, act, zp, bias, seed=m + size_k)
+    case = make_case(m, size_k, size_n, group, dtype, act, zp, bias, seed=m + size_k)
     check_against_reference(b, case)
 
 
 @pytest.mark.parametrize("m", [1, 3, 4])
 @pytest.mark.parametrize("zp,act_order", [(False, None), (True, "k_full")], ids=["sym", "act_zp"])
-def test_decode_path_per_channel_bits(monkeypatch, zp, act_order, m):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_decode_path_per_channel_bits(monkeypatch, dtype, zp, act_order, m):
     """Per channel with small-integer activations every fp32 partial sum is an exact integer, so
     the decode path, the path it replaces and the portable one give the contract's bits:
     T((acc * s) + bias)."""
     b = backend_or_skip("cpu", OP)
     size_k, size_n = 1040, 192
-    case = make_case(m, size_k, size_n, -1, torch.bfloat16, act_order, zp, bias=True, seed=21)
+    case = make_case(m, size_k, size_n, -1, dtype, act_order, zp, bias=True, seed=21)
     gen = torch.Generator().manual_seed(21)
-    case["a"] = torch.randint(-8, 9, (m, size_k), generator=gen).to(torch.bfloat16)
+    case["a"] = torch.randint(-8, 9, (m, size_k), generator=gen).to(dtype)
     a = case["a"].double()
     if act_order:
         a = a[:, case["perm"].long()]
     acc = (a @ case["_qz"].double()).float()
-    expected = ((acc * case["_s"].float()) + case["b_bias"].float()).to(torch.bfloat16)
+    expected = ((acc * case["_s"].float()) + case["b_bias"].float()).to(dtype)
     for env in [{}, DECODE_OFF, {"W4K_CPU_ISA": "scalar"}]:
         with monkeypatch.context() as mp:
             for key, value in env.items():

@@ -42,9 +42,11 @@ namespace w4k::cpu {
 // n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble 4*b2 + j,
 // so one line's 8 weights columns come from 8 contiguous scales and one word. The rounding is
 // vcvtneps2bf16 (round to nearest even; a subnormal result is flushed to zero, as vdpbf16ps
-// would flush it when multiplying). s_row: bf16 scale bits, nullptr per channel; z_words:
-// nullptr -> z = 8.
-__attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) inline void build_pair_table_avx512(
+// would flush it when multiplying); fp16 tables (kFp16) round with vcvtps2ph (nearest even,
+// subnormals kept, as round_to_fp16). s_row: scale bits of the half type, nullptr per channel;
+// z_words: nullptr -> z = 8.
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // lane l of vector r: code q = 4r + l / 4, column j = l % 4
   const __m512i code_base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -56,9 +58,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) inline void build_pai
   for (int c = 0; c < 8; ++c) {
     __m256 s8 = _mm256_set1_ps(1.0f);
     if (s_row) {  // bf16 -> fp32: the bits in the high half
-      const __m256i bits = _mm256_cvtepu16_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c)));
-      s8 = _mm256_permutevar8x32_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), even);
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
+      s8 = kFp16 ? _mm256_cvtph_ps(h)
+                 : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      s8 = _mm256_permutevar8x32_ps(s8, even);
     }
     const uint32_t zw = z_words ? static_cast<uint32_t>(z_words[c]) : 0x88888888u;
     for (int b2 = 0; b2 < 2; ++b2) {
@@ -70,12 +73,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma"))) inline void build_pai
           _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(zw)), z_shift),
           _mm512_set1_epi32(15)));
       // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
-      // times an 8-bit significand) and so is their difference (a 5-bit integer times s), so
-      // the fma's one rounding changes nothing.
+      // times an 8- or 11-bit significand) and so is their difference (a 5-bit integer times
+      // s), so the fma's one rounding changes nothing.
       const __m512 zs = _mm512_mul_ps(z, s);
       __m256i half[4];
-      for (int r = 0; r < 4; ++r)
-        half[r] = (__m256i)_mm512_cvtneps_pbh(_mm512_fmsub_ps(code[r], s, zs));
+      for (int r = 0; r < 4; ++r) {
+        const __m512 w = _mm512_fmsub_ps(code[r], s, zs);
+        half[r] = kFp16 ? _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                        : (__m256i)_mm512_cvtneps_pbh(w);
+      }
       uint16_t* t = tbl + (2 * c + b2) * 64;
       _mm512_storeu_si512(t, _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1));
       _mm512_storeu_si512(t + 32,
@@ -101,20 +107,46 @@ __attribute__((target("avx512f"))) inline void build_a_pairs_avx512(
     }
 }
 
+// fp16: the decoded 16-bit weights are widened by vcvtph2ps, lower and upper 256 bits (u = 0,
+// 1): element e of the result is the low (e even) or high half of dword lane 8u + e / 2, i.e.
+// row 2t + 8h + e % 2 with t = 2u + e / 8. a_pairs[((kt - kt0) * rows + i) * 4 + 2h + u] holds
+// those fp32 activations (one vpermps of the tile each).
+__attribute__((target("avx512f"))) inline void build_a_fp32_avx512(
+    const float* a, int64_t lda, int64_t rows, int64_t kt0, int64_t kt1, __m512i* a_pairs) {
+  __m512i idx[4];
+  for (int hu = 0; hu < 4; ++hu) {
+    int v[16];
+    for (int e = 0; e < 16; ++e) v[e] = 2 * (2 * (hu % 2) + e / 8) + 8 * (hu / 2) + e % 2;
+    idx[hu] = _mm512_loadu_si512(v);
+  }
+  for (int64_t kt = kt0; kt < kt1; ++kt)
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512 a_tile = _mm512_loadu_ps(a + i * lda + 16 * kt);
+      for (int hu = 0; hu < 4; ++hu)
+        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 4 + hu,
+                            _mm512_castps_si512(_mm512_permutexvar_ps(idx[hu], a_tile)));
+    }
+}
+
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
 // the chunk's tables of groups g_first .. (1024 entries each).
-// acc[i * 256 + (2c + b2) * 16 + 4t + j]: fp32 partial sums (t) of column 16j + c + 8*b2.
-// Registers: 2*NCP*MR accumulators and 4*NCP table halves (<= 24 of 32); a from memory.
-template <int MR, int NCP>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
+// bf16: acc[i * 256 + (2c + b2) * 16 + 4t + j]: fp32 partial sums (t) of column 16j + c +
+// 8*b2. fp16 (kFp16, fp32 FMAs on the widened weights): acc[i * 512 + (2c + b2) * 32 + 16u + e]
+// with the element order of build_a_fp32_avx512.
+// Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP table halves (<= 24 of
+// 32); a from memory.
+template <int MR, int NCP, bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
     int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
     int64_t g_first, int c0, float* acc) {
-  __m512 acc_v[MR][2 * NCP];
+  constexpr int kAccRow = kFp16 ? 512 : 256, kAccCb = kFp16 ? 32 : 16, kU = kFp16 ? 2 : 1;
+  __m512 acc_v[MR][2 * NCP][kU];
   for (int i = 0; i < MR; ++i)
     for (int cb = 0; cb < 2 * NCP; ++cb)
-      acc_v[i][cb] = _mm512_loadu_ps(acc + i * 256 + (2 * c0 + cb) * 16);
+      for (int u = 0; u < kU; ++u)
+        acc_v[i][cb][u] = _mm512_loadu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u);
   // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
   const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
   const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
@@ -138,7 +170,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
       }
       g_loaded = g;
     }
-    const __m512i* av = a_pairs + (kt - kt0) * 2 * MR;
+    const __m512i* av = a_pairs + (kt - kt0) * 2 * kU * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
@@ -148,62 +180,86 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void pair_pass_avx512(
         // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
         const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
         const int cb = 2 * cc + (e >> 1);
-        const __m512bh wv =
-            (__m512bh)_mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
-        for (int i = 0; i < MR; ++i)
-          acc_v[i][cb] = _mm512_dpbf16_ps(
-              acc_v[i][cb], (__m512bh)_mm512_loadu_si512(av + 2 * i + (e & 1)), wv);
+        const __m512i wv = _mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
+        if constexpr (kFp16) {
+          const __m512 w_lo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+          const __m512 w_hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+          for (int i = 0; i < MR; ++i) {
+            const float* a_i = reinterpret_cast<const float*>(av + 4 * i + 2 * (e & 1));
+            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i), w_lo, acc_v[i][cb][0]);
+            acc_v[i][cb][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i + 16), w_hi, acc_v[i][cb][1]);
+          }
+        } else {
+          for (int i = 0; i < MR; ++i)
+            acc_v[i][cb][0] = _mm512_dpbf16_ps(
+                acc_v[i][cb][0], (__m512bh)_mm512_loadu_si512(av + 2 * i + (e & 1)),
+                (__m512bh)wv);
+        }
       }
     }
   }
   for (int i = 0; i < MR; ++i)
     for (int cb = 0; cb < 2 * NCP; ++cb)
-      _mm512_storeu_ps(acc + i * 256 + (2 * c0 + cb) * 16, acc_v[i][cb]);
+      for (int u = 0; u < kU; ++u)
+        _mm512_storeu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u, acc_v[i][cb][u]);
 }
 
 // All 8 lines for rows [0, rows) (rows <= 4), in as many passes as the registers need.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_tiles_avx512(
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
     int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
     const int32_t* tile_group, int64_t g_first, float* acc) {
   auto passes = [&](auto mr, auto ncp) {
     for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
-      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value>(
+      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16>(
           a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
           acc);
   };
   using std::integral_constant;
-  switch (rows) {
-    case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
-    case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
-    case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
-    default: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+  if constexpr (kFp16) {
+    switch (rows) {
+      case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
+      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 1>{}); break;
+      default: passes(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
+    }
+  } else {
+    switch (rows) {
+      case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
+      default: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+    }
   }
 }
 
 // Scratch of pair_chunks_avx512, kept by the caller across calls.
 struct PairScratch {
   std::vector<uint16_t> tbl;     // [chunk][group of the block][1024]
-  std::vector<float> acc;        // [chunk][row][256 partial sums + 64 `extra`]
+  std::vector<float> acc;        // [chunk][row][256 (bf16) or 512 partial sums + 64 `extra`]
   std::vector<float> chan_scale; // [chunk][64] per channel
   std::vector<float> sc, zf;     // [chunk][group][64] (decode_chunk_groups), mixed tiles only
   std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
 };
 
-// Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16 activations and
-// weights). Order: blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as
+// Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16: vdpbf16ps; fp16
+// (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order: blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as
 // one contiguous run of (ch1 - ch0) * 512 bytes and the pages in use stay few. tile_group[kt]:
 // the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
 // those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
 // chunk's `extra` sums (wbuf column order), as on the lookup-table path.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_chunks_avx512(
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
     const int32_t* tile_group, bool any_mixed_tile, PairScratch& s) {
   constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of each chunk's words
   const int64_t num_tiles = p.size_k / 16;
   const int64_t word_stride = 2 * p.size_n;
   const int64_t num_chunks = ch1 - ch0;
-  const int64_t acc_per_chunk = rows * 320;
+  constexpr int64_t kAccRow = kFp16 ? 512 : 256;
+  constexpr int64_t kAPairs = kFp16 ? 4 : 2;  // a vectors per tile and row
+  const int64_t acc_per_chunk = rows * (kAccRow + 64);
   const bool per_channel = p.num_groups == 1;
   const MarlinChunkTables& tb = chunk_tables();
   s.acc.assign(num_chunks * acc_per_chunk, 0.0f);
@@ -231,19 +287,24 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_chunks_a
       s.tbl.resize(num_chunks * groups_per_block * 1024);
       for (int64_t ch = ch0; ch < ch1; ++ch)
         for (int64_t g = g_first; g <= g_last; ++g)
-          build_pair_table_avx512(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
                                   p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
                                   s.tbl.data() + ((ch - ch0) * groups_per_block + g - g_first) * 1024);
       built_first = g_first;
       built_last = g_last;
     }
     const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
-    s.a_pairs.resize((kt1 - kt0) * 2 * ((rows + 3) / 4 * 4) * 16);
+    s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + 3) / 4 * 4) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
-    for (int64_t i0 = 0; i0 < rows; i0 += 4)
-      build_a_pairs_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
-                           std::min<int64_t>(4, rows - i0), kt0, kt1,
-                           a_pairs + (kt1 - kt0) * 2 * i0);
+    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+      if (kFp16)
+        build_a_fp32_avx512(p.a + (m0 + i0) * p.lda, p.lda, std::min<int64_t>(4, rows - i0), kt0,
+                            kt1, a_pairs + (kt1 - kt0) * kAPairs * i0);
+      else
+        build_a_pairs_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
+                             std::min<int64_t>(4, rows - i0), kt0, kt1,
+                             a_pairs + (kt1 - kt0) * kAPairs * i0);
+    }
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
       const int32_t* chunk_words = p.b_q_weight + 128 * ch;
@@ -260,36 +321,45 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void pair_chunks_a
             zrow[r] = zf ? zf + g * 64 : nullptr;
           }
           const int32_t* words = chunk_words + kt * word_stride;
-          if (zf) dequant_tile_avx512<true, false>(words, srow, zrow, wtile);
-          else dequant_tile_avx512<false, false>(words, srow, zrow, wtile);
-          micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, acc + rows * 256,
+          if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
+          else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+          micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, acc + rows * kAccRow,
                             rows);
         }
       }
       if (g_last < 0) continue;  // every tile of the block was mixed
       const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
       for (int64_t i0 = 0; i0 < rows; i0 += 4)
-        pair_tiles_avx512(a_pairs + (kt1 - kt0) * 2 * i0,
+        pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
                           std::min<int64_t>(4, rows - i0), chunk_words + kt0 * word_stride,
                           word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,
-                          g_first, acc + i0 * 256);
+                          g_first, acc + i0 * kAccRow);
     }
   }
   for (int64_t ch = ch0; ch < ch1; ++ch) {
     const float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
-    const float* extra = acc + rows * 256;
+    const float* extra = acc + rows * kAccRow;
     const float* chan_scale = per_channel ? s.chan_scale.data() + (ch - ch0) * 64 : nullptr;
     const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
     for (int64_t i = 0; i < rows; ++i) {
       float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
       for (int cb = 0; cb < 16; ++cb) {
-        // lanes 4t + j: add the four 128-bit blocks (t) -> columns j = 0..3
-        const __m512 v = _mm512_loadu_ps(acc + i * 256 + cb * 16);
-        const __m128 sum = _mm_add_ps(
-            _mm_add_ps(_mm512_extractf32x4_ps(v, 0), _mm512_extractf32x4_ps(v, 1)),
-            _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
         float col_sum[4];
-        _mm_storeu_ps(col_sum, sum);
+        if (kFp16) {
+          // elements e of u = 0, 1: column j = (e / 2) % 4 -> e in {2j, 2j + 1, 2j + 8, 2j + 9}
+          const float* v = acc + i * kAccRow + cb * 32;
+          for (int j = 0; j < 4; ++j)
+            col_sum[j] = ((v[2 * j] + v[2 * j + 1]) + (v[2 * j + 8] + v[2 * j + 9])) +
+                         ((v[16 + 2 * j] + v[16 + 2 * j + 1]) +
+                          (v[16 + 2 * j + 8] + v[16 + 2 * j + 9]));
+        } else {
+          // lanes 4t + j: add the four 128-bit blocks (t) -> columns j = 0..3
+          const __m512 v = _mm512_loadu_ps(acc + i * kAccRow + cb * 16);
+          const __m128 sum = _mm_add_ps(
+              _mm_add_ps(_mm512_extractf32x4_ps(v, 0), _mm512_extractf32x4_ps(v, 1)),
+              _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
+          _mm_storeu_ps(col_sum, sum);
+        }
         for (int j = 0; j < 4; ++j) {
           const int col = 16 * j + cb / 2 + 8 * (cb % 2);
           c_row[col] = epilogue(col_sum[j] + extra[i * 64 + tb.xcol[col]], chan_scale, col,

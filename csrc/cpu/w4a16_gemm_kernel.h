@@ -122,9 +122,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // against the vdpbf16ps one.
   const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
                        rows <= w4a16_gemm_lut_max_rows(use_dpbf16 ? 6 : 8);
-  // bf16, M <= 4: the in-place decode to bf16 pairs (w4a16_gemm_decode_avx512.h) streams the
-  // weight faster than the lookup tables; W4K_W4A16_PAIR_ROWS overrides the row limit.
-  const bool use_pairs = use_dpbf16 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+  // M <= 4: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or fp16
+  // widened to fp32) streams the weight faster than the lookup tables; W4K_W4A16_PAIR_ROWS
+  // overrides the row limit.
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
+                         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
                          rows <= w4a16_gemm_pair_max_rows();
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
@@ -144,8 +147,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     const bool any_mixed_tile =
         std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
     PairScratch scratch;
-    pair_chunks_avx512(p, chunk_begin, chunk_end, m0, rows, tile_group.data(), any_mixed_tile,
-                       scratch);
+    if (fp16)
+      pair_chunks_avx512<true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
+                               any_mixed_tile, scratch);
+    else
+      pair_chunks_avx512<false>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
+                                any_mixed_tile, scratch);
     return 0;
   }
 #endif
