@@ -43,10 +43,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const bool avx512 = isa != cpu::CpuIsa::kGeneric;
   const int64_t lda = size_k + 16;
   at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat));
+  // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
+  // bytes, next to the K * N / 2 of the weight).
+  const int64_t lda_bf16 = size_k + 32;
   at::Tensor a_bf16;
-  if (type == cpu::HalfType::kBFloat16)
-    a_bf16 = args.has_act_order ? at::empty({size_m, size_k}, a.options()) : a;
-  const bool gather_bf16 = a_bf16.defined() && args.has_act_order;
+  if (type == cpu::HalfType::kBFloat16) a_bf16 = at::empty({size_m, lda_bf16}, a.options());
+  const bool gather_bf16 = a_bf16.defined();
   at::Tensor bias32;
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
   at::Tensor c32 = at::empty({size_m, size_n}, a.options().dtype(at::kFloat));
@@ -62,7 +64,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
     for (int64_t m = item * rows_per_item; m < m1; ++m)
       cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
                          a32.data_ptr<float>() + m * lda,
-                         gather_bf16 ? reinterpret_cast<uint16_t*>(a_bf16.data_ptr()) + m * size_k
+                         gather_bf16 ? reinterpret_cast<uint16_t*>(a_bf16.data_ptr()) + m * lda_bf16
                                      : nullptr,
                          gathered.data());
   });
@@ -72,7 +74,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.lda = lda;
   if (a_bf16.defined()) {
     p.a_bf16 = reinterpret_cast<const uint16_t*>(a_bf16.data_ptr<at::BFloat16>());
-    p.lda_bf16 = a_bf16.stride(0);
+    p.lda_bf16 = lda_bf16;
   }
   p.b_q_weight = b_q_weight.data_ptr<int32_t>();
   p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
