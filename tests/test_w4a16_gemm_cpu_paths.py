@@ -16,16 +16,18 @@ from conftest import backend_or_skip
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 4 on an AVX-512 CPU (bf16 needs AVX512-BF16);
+# The decode path is the default at M <= 16 (bf16, with AVX512-BF16) or 4 (fp16) on an
+# AVX-512 CPU;
 # W4K_W4A16_PAIR_ROWS=0 turns it off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
 # (K, N): K = 11008 (a Llama MLP: 43 blocks of 16 k-tiles), K = 1040 (65 tiles: a last block
 # of one tile), N odd multiples of 64.
-# M = 1..4 in bf16 (its row blocks of 1, 2, 3, 4 each have their own register tiling), 1, 3
-# and 4 in fp16 (the tilings of 3 and 4 share code there).
-DTYPE_M = [(torch.bfloat16, m) for m in (1, 2, 3, 4)] + [(torch.float16, m) for m in (1, 3, 4)]
+# Every register tiling of the decode path: bf16 row blocks of 1..8 rows (M = 13: 8 + 5,
+# M = 16: 8 + 8), fp16 of 1..4 (the tilings of 3 and 4 share code there).
+DTYPE_M = ([(torch.bfloat16, m) for m in (1, 2, 3, 4, 6, 7, 13, 16)] +
+           [(torch.float16, m) for m in (1, 3, 4)])
 
 
 @pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])

@@ -204,7 +204,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         _mm512_storeu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u, acc_v[i][cb][u]);
 }
 
-// All 8 lines for rows [0, rows) (rows <= 4), in as many passes as the registers need.
+// Rows per row block: bf16 8 (at 5..8 rows one line per pass: 2 * MR accumulators), fp16 4
+// (its accumulators are twice as many).
+template <bool kFp16>
+constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
+
+// All 8 lines for rows [0, rows) (rows <= kPairRowBlock), in as many passes as the registers
+// need.
 template <bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
@@ -229,7 +235,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
       case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
       case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
       case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
-      default: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+      case 4: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+      case 5: passes(integral_constant<int, 5>{}, integral_constant<int, 1>{}); break;
+      case 6: passes(integral_constant<int, 6>{}, integral_constant<int, 1>{}); break;
+      case 7: passes(integral_constant<int, 7>{}, integral_constant<int, 1>{}); break;
+      default: passes(integral_constant<int, 8>{}, integral_constant<int, 1>{}); break;
     }
   }
 }
@@ -294,15 +304,16 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       built_last = g_last;
     }
     const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
-    s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + 3) / 4 * 4) * 16);
+    constexpr int64_t kRb = kPairRowBlock<kFp16>;
+    s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
-    for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+    for (int64_t i0 = 0; i0 < rows; i0 += kRb) {
       if (kFp16)
-        build_a_fp32_avx512(p.a + (m0 + i0) * p.lda, p.lda, std::min<int64_t>(4, rows - i0), kt0,
+        build_a_fp32_avx512(p.a + (m0 + i0) * p.lda, p.lda, std::min(kRb, rows - i0), kt0,
                             kt1, a_pairs + (kt1 - kt0) * kAPairs * i0);
       else
         build_a_pairs_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
-                             std::min<int64_t>(4, rows - i0), kt0, kt1,
+                             std::min(kRb, rows - i0), kt0, kt1,
                              a_pairs + (kt1 - kt0) * kAPairs * i0);
     }
     for (int64_t ch = ch0; ch < ch1; ++ch) {
@@ -329,9 +340,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       }
       if (g_last < 0) continue;  // every tile of the block was mixed
       const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
-      for (int64_t i0 = 0; i0 < rows; i0 += 4)
+      for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
         pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
-                          std::min<int64_t>(4, rows - i0), chunk_words + kt0 * word_stride,
+                          std::min(kPairRowBlock<kFp16>, rows - i0),
+                          chunk_words + kt0 * word_stride,
                           word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,
                           g_first, acc + i0 * kAccRow);
     }
