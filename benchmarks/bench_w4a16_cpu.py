@@ -1,46 +1,45 @@
-"""CPU speed of w4a16_gemm against its baselines, measured in the same run.
+"""CPU speed of w4a16_gemm against torch's own ops and a read-bandwidth probe, in one run.
 
-For each (M, K, N) it prints the median time of:
+For each (N, K) and M it prints the median time (ms) of:
 
-* ``w4a16``: ``torch.ops.w4kernels.w4a16_gemm`` (int4 Marlin weight, K*N/2 bytes);
-* ``mm_f32``: ``torch.matmul`` in fp32 on the dequantized weight (4*K*N bytes);
-* ``mm_half``: ``torch.matmul`` in the activation dtype on the dequantized weight (2*K*N bytes;
-  for fp16 only up to M = 16: torch's CPU fp16 matmul is unoptimized and takes seconds);
-* ``ref``: the un-fused path a user would write without the kernel: dequantize with
-  ``reference.marlin_dequantize`` and then ``torch.matmul`` in the activation dtype (only for
-  M = 1 and 256 by default: it is slow);
+* ``gptq``: ``w4a16_gemm``, symmetric GPTQ weight, group 128; ``awq``: the same with zero
+  points; ``act``: act-order (g_idx + perm, group 128);
+* ``lin16`` / ``lin32``: ``torch.nn.functional.linear`` in the activation dtype / fp32 on the
+  dense dequantized weight (what the model would run without quantization);
 
-and the ratios ``w4a16`` / baseline (> 1 means the kernel is faster) plus the kernel's weight
-bandwidth (GB/s of int4 weight streamed).
+and, for ``gptq``, the weight GB/s (int4 bytes K * N / 2 per call) and its share of the probe
+(``%bw``, the figure that matters at M = 1..4), GFLOP/s (2 M N K) and its share of the
+vdpbf16ps peak given by ``--peak-tflops`` (``%pk``, what matters for M >= 8), and the speed
+ratio to ``lin16`` (> 1: w4a16_gemm is faster).
 
-Several copies of every weight are rotated so the working set exceeds the 32 MiB L3 and each
-call streams its weight from DRAM, as in a real model. The machine is shared: run it when
-nothing else is compiling, and read the spread (min..max of the repeats) as the noise level.
+Probe: numpy sums over 128 MiB fp32 arrays split across torch's thread count, rotated: the
+read bandwidth the machine gives right now. Every operand is rotated over enough copies to exceed the 32 MiB L3
+twice, so each call streams its weight from DRAM as in a model.
 
-    PYTHONPATH=$PWD/python python benchmarks/bench_w4a16_cpu.py [--dtype bf16] [--quick]
-        [--threads 1] [--ms 1,16]
+``--background-load P`` starts P busy processes (pure Python loops) and measures every row
+twice, quiet and then under that load, printing the slowdown of ``gptq`` and of ``lin16``
+(issue 9, item 7: our op must not slow down more than torch's own under load). The machine may
+be shared: the header prints the load average; read medians against the same-run baselines.
+
+    PYTHONPATH=$PWD/python python benchmarks/bench_w4a16_cpu.py [--dtype bf16|fp16]
+        [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008] [--threads 2]
+        [--repeats 15] [--background-load 2]
 """
 
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 import w4kernels
 from w4kernels import reference as R
 
-SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
-MS = [1, 16, 64, 256]
 L3_BYTES = 32 << 20
-
-
-def make_weight(size_k, size_n, group_size, dtype, gen):
-    q = torch.randint(0, 16, (size_k, size_n), dtype=torch.int32, generator=gen)
-    g = 1 if group_size == -1 else size_k // group_size
-    s = (torch.rand(g, size_n, generator=gen) * 0.01 + 0.001).to(dtype)
-    return R.marlin_pack(q), R.marlin_permute_scales(s, size_k, size_n, group_size)
 
 
 def copies_for(nbytes, minimum=2):
@@ -49,82 +48,153 @@ def copies_for(nbytes, minimum=2):
 
 
 def timeit(fn, args_list, repeats, warmup=2):
-    t0 = time.perf_counter()
     for i in range(warmup):
         fn(*args_list[i % len(args_list)])
-    if time.perf_counter() - t0 > 2.0:  # e.g. torch's fp16 matmul on CPU: a few samples do
-        repeats = min(repeats, 3)
     times = []
     for i in range(repeats):
         args = args_list[i % len(args_list)]
         t0 = time.perf_counter()
         fn(*args)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), min(times), max(times)
+    return statistics.median(times)
+
+
+def probe_gbs(repeats, threads):
+    """Read bandwidth: `threads` Python threads each summing its part of a 128 MiB fp32 array
+    with numpy (which releases the GIL), arrays rotated. Not torch's x.sum(): an OpenMP region
+    collapses on a loaded machine (see --background-load) and would understate the memory."""
+    import threading
+
+    import numpy as np
+
+    xs = [np.ones(32 << 20, dtype=np.float32) for _ in range(2)]
+
+    def once(x):
+        parts = np.array_split(x, threads)
+        workers = [threading.Thread(target=np.sum, args=(part,)) for part in parts]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    t = timeit(once, [(x,) for x in xs], repeats)
+    return xs[0].nbytes / t / 1e9
+
+
+def make_weights(size_k, size_n, variant, dtype, gen, copies):
+    """Marlin operands (b_q_weight, b_scales, b_zeros, g_idx, perm) and the dense [N, K] weight."""
+    group = 128
+    out = []
+    for _ in range(copies):
+        q = torch.randint(0, 16, (size_k, size_n), dtype=torch.int32, generator=gen)
+        s = (torch.rand(size_k // group, size_n, generator=gen) * 0.01 + 0.001).to(dtype)
+        zeros = g_idx = perm = None
+        if variant == "awq":
+            z = torch.randint(0, 16, (size_k // group, size_n), dtype=torch.int32, generator=gen)
+            zeros = R.marlin_zero_points(z, size_k // group, size_n)
+        if variant == "act":
+            g_idx = (torch.arange(size_k) // group).int()  # sorted groups, Marlin row order
+            perm = torch.randperm(size_k, generator=gen).int()
+        out.append((R.marlin_pack(q), R.marlin_permute_scales(s, size_k, size_n, group), zeros,
+                    g_idx, perm))
+    b = out[0]
+    dense = R.marlin_dequantize(b[0], b[1], b[2], None, size_k, size_n)  # [K, N] in dtype
+    return out, dense.t().contiguous()
+
+
+class BackgroundLoad:
+    """P busy processes (started by us, stopped by their pids) while the context is open."""
+
+    def __init__(self, procs):
+        self.procs, self.children = procs, []
+
+    def __enter__(self):
+        for _ in range(self.procs):
+            self.children.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        time.sleep(0.5)  # let them get going
+        return self
+
+    def __exit__(self, *exc):
+        for child in self.children:
+            child.kill()
+            child.wait()
+        self.children = []
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # fp16 / bf16 as in the demo and bench_gpu_gemm.py; torch's names (the old spelling here)
-    # still work.
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"],
                     type=lambda s: {"bfloat16": "bf16", "float16": "fp16"}.get(s, s))
-    ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--ms", default="1,4,16,64,256")
+    ap.add_argument("--shapes", default="4096x4096,11008x4096,4096x11008", help="NxK,...")
+    ap.add_argument("--variants", default="gptq,awq,act")
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--quick", action="store_true", help="first shape only, fewer repeats")
-    ap.add_argument("--ref-ms", default="1,256", help="M values that also time the ref path")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values")
+    ap.add_argument("--peak-tflops", type=float, default=1.0,
+                    help="the vdpbf16ps peak of this machine (issue 9: ~1.0 on 2 cores)")
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 F.linear baseline")
+    ap.add_argument("--background-load", type=int, default=0, metavar="P",
+                    help="also measure every row while P busy processes run")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    ms = [int(m) for m in args.ms.split(",")]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    repeats = 5 if args.quick else args.repeats
-    ref_ms = {int(m) for m in args.ref_ms.split(",") if m}
+    ms = [int(m) for m in args.ms.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    variants = args.variants.split(",")
     gen = torch.Generator().manual_seed(0)
     op = torch.ops.w4kernels.w4a16_gemm
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    print(f"threads={torch.get_num_threads()} dtype={args.dtype} group_size={args.group_size} "
-          f"repeats={repeats} torch={torch.__version__} avx512f={'avx512f' in flags} "
+    model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines()
+                  if ln.startswith("model name")), "?")
+    probe = probe_gbs(max(5, args.repeats // 2), torch.get_num_threads())
+    print(f"cpu={model!r} threads={torch.get_num_threads()} dtype={args.dtype} group=128 "
+          f"repeats={args.repeats} torch={torch.__version__} "
           f"avx512_bf16={'avx512_bf16' in flags} W4K_CPU_ISA={os.environ.get('W4K_CPU_ISA')} "
-          f"load={os.getloadavg()[0]:.1f}")
-    print(f"{'M':>4} {'K':>6} {'N':>6} | {'w4a16 ms':>9} {'(min..max)':>15} {'GB/s':>6} | "
-          f"{'mm_f32':>8} {'x':>5} | {'mm_half':>8} {'x':>5} | {'ref':>8} {'x':>5}")
-    for size_k, size_n in shapes:
+          f"loadavg={os.getloadavg()[0]:.1f} probe={probe:.1f} GB/s "
+          f"peak={args.peak_tflops} TFLOP/s background_load={args.background_load}")
+    head = (f"{'N':>6} {'K':>6} {'M':>4} | " + " ".join(f"{v:>7}" for v in variants) +
+            f" | {'lin16':>7} {'lin32':>7} | {'GB/s':>6} {'%bw':>4} {'GFLOP/s':>7} {'%pk':>4}"
+            f" {'x lin16':>7}")
+    if args.background_load:
+        head += f" | {'gptq@load':>9} {'slow':>5} {'lin16@load':>10} {'slow':>5}"
+    print(head + "   (times: ms, medians)")
+    for size_n, size_k in shapes:
         n_q = copies_for(size_k * size_n // 2)
-        weights = [make_weight(size_k, size_n, args.group_size, dtype, gen) for _ in range(n_q)]
-        w_half = R.marlin_dequantize(weights[0][0], weights[0][1], None, None, size_k, size_n)
-        n_f32 = copies_for(4 * size_k * size_n)
-        w_f32 = [w_half.float().clone() for _ in range(n_f32)]
-        w_h = [w_half.clone() for _ in range(copies_for(2 * size_k * size_n))]
+        weights = {v: make_weights(size_k, size_n, v, dtype, gen, n_q) for v in variants}
+        dense = weights[variants[0]][1]
+        w16 = [dense.clone() for _ in range(copies_for(2 * size_k * size_n))]
+        w32 = [] if args.no_fp32 else [dense.float() for _ in range(copies_for(4 * size_k * size_n))]
         ws = w4kernels.ops.marlin_workspace(size_n)
         for m in ms:
             a = torch.randn(m, size_k, generator=gen).to(dtype)
             a32 = a.float()
 
-            def run(bq, bs):
-                return op(a, bq, bs, None, None, None, ws, 4, m, size_n, size_k, True, None, True)
+            def run(bq, bs, bz, gi, pm):
+                return op(a, bq, bs, bz, gi, pm, ws, 4, m, size_n, size_k, True, None, True)
 
-            t, tmin, tmax = timeit(run, weights, repeats)
-            t32 = timeit(lambda w: torch.matmul(a32, w), [(w,) for w in w_f32], repeats)[0]
-            th = None
-            if dtype == torch.bfloat16 or m <= 16:  # CPU fp16 matmul takes seconds beyond
-                th = timeit(lambda w: torch.matmul(a, w), [(w,) for w in w_h], repeats)[0]
-            ref_txt = f"{'-':>8} {'-':>5}"
-            if m in ref_ms:
-                def ref(bq, bs):
-                    w = R.marlin_dequantize(bq, bs, None, None, size_k, size_n)
-                    return torch.matmul(a, w)
-                tr = timeit(ref, weights, max(3, repeats // 5), warmup=1)[0]
-                ref_txt = f"{tr * 1e3:8.2f} {tr / t:5.1f}"
-            gbs = size_k * size_n / 2 / t / 1e9
-            half_txt = f"{th * 1e3:8.2f} {th / t:5.2f}" if th else f"{'-':>8} {'-':>5}"
-            print(f"{m:>4} {size_k:>6} {size_n:>6} | {t * 1e3:9.3f} "
-                  f"({tmin * 1e3:6.2f}..{tmax * 1e3:6.2f}) {gbs:6.2f} | "
-                  f"{t32 * 1e3:8.2f} {t32 / t:5.2f} | {half_txt} | {ref_txt}",
-                  flush=True)
+            def measure():
+                t = {v: timeit(run, weights[v][0], args.repeats) for v in variants}
+                t["lin16"] = timeit(lambda w: F.linear(a, w), [(w,) for w in w16], args.repeats)
+                t["lin32"] = (timeit(lambda w: F.linear(a32, w), [(w,) for w in w32],
+                                     args.repeats) if w32 else float("nan"))
+                return t
+
+            t = measure()
+            ref = t[variants[0]]
+            gbs = size_k * size_n / 2 / ref / 1e9
+            gflops = 2 * m * size_n * size_k / ref / 1e9
+            line = (f"{size_n:>6} {size_k:>6} {m:>4} | " +
+                    " ".join(f"{t[v] * 1e3:7.3f}" for v in variants) +
+                    f" | {t['lin16'] * 1e3:7.3f} {t['lin32'] * 1e3:7.3f} | {gbs:6.1f} "
+                    f"{100 * gbs / probe:4.0f} {gflops:7.1f} "
+                    f"{100 * gflops / (1e3 * args.peak_tflops):4.0f} {t['lin16'] / ref:7.2f}")
+            if args.background_load:
+                with BackgroundLoad(args.background_load):
+                    tl = measure()
+                line += (f" | {tl[variants[0]] * 1e3:9.3f} {tl[variants[0]] / ref:5.1f} "
+                         f"{tl['lin16'] * 1e3:10.3f} {tl['lin16'] / t['lin16']:5.1f}")
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
 // the parallel split over 64-column chunks, and the final rounding to a's dtype.
 // The kernel itself is torch-free: cpu/w4a16_gemm_kernel.h.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/Parallel.h>  // at::get_num_threads
 #include <torch/library.h>
 
-#include <atomic>
 #include <optional>
+#include <vector>
 
+#include "cpu/w4a16_gemm_convert.h"
 #include "cpu/w4a16_gemm_kernel.h"
+#include "cpu/w4a16_gemm_work_queue.h"
 #include "w4a16_checks.h"
 
 namespace w4k {
@@ -29,33 +31,53 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                             size_m, size_n, size_k, is_k_full, b_bias, c10::DeviceType::CPU);
   if (size_m == 0) return at::empty({0, size_n}, a.options());
 
-  // a_perm[:, r] = a[:, perm[r]] in fp32 (this also absorbs a row stride > K). The fp32 copy
+  // a_perm[:, r] = a[:, perm[r]] in fp32 (this also absorbs a row stride > K); bf16
+  // activations also as gathered bf16 (the vdpbf16ps paths read pairs of them). The fp32 copy
   // gets a row stride of K + 16: with K a multiple of 1024, rows K floats apart would all map to
-  // the same L1 sets, and the microkernel reads 6 rows at once.
+  // the same L1 sets, and the microkernel reads 6 rows at once. These conversions, the scales
+  // (read as half bits by the kernel) and the final rounding run on the kernel's work queue, not
+  // as torch ops (cpu/w4a16_gemm_convert.h says why).
+  const cpu::HalfType type =
+      a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
+  const cpu::CpuIsa isa = cpu::w4a16_gemm_cpu_isa();
+  const bool avx512 = isa != cpu::CpuIsa::kGeneric;
   const int64_t lda = size_k + 16;
-  at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat)).narrow(1, 0, size_k);
-  if (args.has_act_order)
-    a32.copy_(a.index_select(1, perm->to(at::kLong)));
-  else
-    a32.copy_(a);
-  // bf16 activations also go to the kernel as bf16 (its vdpbf16ps path reads pairs of them).
+  at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat));
+  // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
+  // bytes, next to the K * N / 2 of the weight).
+  const int64_t lda_bf16 = size_k + 32;
   at::Tensor a_bf16;
-  if (a.scalar_type() == at::kBFloat16)
-    a_bf16 = args.has_act_order ? a.index_select(1, perm->to(at::kLong)).contiguous() : a;
-  at::Tensor scales32 = b_scales.to(at::kFloat).contiguous();
+  if (type == cpu::HalfType::kBFloat16) a_bf16 = at::empty({size_m, lda_bf16}, a.options());
+  const bool gather_bf16 = a_bf16.defined();
   at::Tensor bias32;
-  if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();
+  if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
   at::Tensor c32 = at::empty({size_m, size_n}, a.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({size_m, size_n}, a.options());
+  const int64_t threads = at::get_num_threads();
+  const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
+  const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;
+  const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const int32_t* perm_ptr = args.has_act_order ? perm->data_ptr<int32_t>() : nullptr;
+  cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
+    std::vector<uint16_t> gathered(perm_ptr && !gather_bf16 ? size_k : 0);
+    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
+    for (int64_t m = item * rows_per_item; m < m1; ++m)
+      cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
+                         a32.data_ptr<float>() + m * lda,
+                         gather_bf16 ? reinterpret_cast<uint16_t*>(a_bf16.data_ptr()) + m * lda_bf16
+                                     : nullptr,
+                         gathered.data());
+  });
 
   cpu::W4a16GemmProblem p{};
   p.a = a32.data_ptr<float>();
   p.lda = lda;
   if (a_bf16.defined()) {
     p.a_bf16 = reinterpret_cast<const uint16_t*>(a_bf16.data_ptr<at::BFloat16>());
-    p.lda_bf16 = a_bf16.stride(0);
+    p.lda_bf16 = lda_bf16;
   }
   p.b_q_weight = b_q_weight.data_ptr<int32_t>();
-  p.scales = scales32.data_ptr<float>();
+  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
   p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
   p.g_idx = args.has_act_order ? g_idx->data_ptr<int32_t>() : nullptr;
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
@@ -65,15 +87,15 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.size_k = size_k;
   p.num_groups = args.num_groups;
   p.group_size = args.group_size;
-  p.weight_type =
-      a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
+  p.weight_type = type;
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
-  // thread busy. Threads take items from a shared counter rather than a static split: on a
-  // shared machine a thread that starts late then simply finds less work left.
+  // thread busy. Threads take items from a shared counter rather than a static split, and the
+  // caller waits only for items other threads have claimed (cpu/w4a16_gemm_work_queue.h): on a
+  // shared machine a thread that starts late then simply finds less work left, and one that
+  // never gets a core costs nothing.
   const int64_t num_chunks = size_n / 64;
-  const int64_t threads = at::get_num_threads();
   int64_t row_blocks = 1;
   if (num_chunks < 4 * threads)
     row_blocks = std::max<int64_t>(1, std::min((4 * threads + num_chunks - 1) / num_chunks,
@@ -82,18 +104,20 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const int64_t chunks_per_item = std::max<int64_t>(1, num_chunks / (8 * threads));
   const int64_t items_per_row_block = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   const int64_t num_items = items_per_row_block * row_blocks;
-  const cpu::CpuIsa isa = cpu::w4a16_gemm_cpu_isa();
-  std::atomic<int64_t> next_item{0};
-  at::parallel_for(0, std::min(threads, num_items), 1, [&](int64_t, int64_t) {
-    for (int64_t item; (item = next_item.fetch_add(1)) < num_items;) {
-      const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
-      const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
-      const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
-      if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
-    }
+  cpu::WorkQueue::instance().run(num_items, static_cast<int>(threads), [&](int64_t item) {
+    const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
+    const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
+    const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
+    if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
   });
   // One rounding of the fp32 result (bias included) to a's dtype.
-  return c32.to(a.scalar_type());
+  cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
+    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
+    for (int64_t m = item * rows_per_item; m < m1; ++m)
+      cpu::narrow_c_row(c32.data_ptr<float>() + m * size_n, size_n, type, avx512,
+                        reinterpret_cast<uint16_t*>(out.data_ptr()) + m * size_n);
+  });
+  return out;
 }
 
 }  // namespace

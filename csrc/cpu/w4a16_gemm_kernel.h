@@ -29,6 +29,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_avx512.h"
+#include "cpu/w4a16_gemm_decode_avx512.h"
 #include "cpu/w4a16_gemm_layout.h"
 
 namespace w4k::cpu {
@@ -82,38 +83,20 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
   return CpuIsa::kGeneric;
 }
 
-// Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
-// scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
-// chunk) and per 32 columns when G == 1. Per-channel (G == 1, chan_scale != nullptr) the scales
-// go to chan_scale[n] (chunk column order) for the epilogue and sc is all ones, so every path
-// dequantizes to the exact q - z without a per-channel variant of its own.
-inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
-                                float* chan_scale) {
-  const MarlinChunkTables& tb = chunk_tables();
-  for (int64_t g = 0; g < p.num_groups; ++g) {
-    const float* s_row = p.scales + g * p.size_n + 64 * ch;
-    for (int x = 0; x < 64; ++x) {
-      int n = tb.colperm[x];
-      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
-      if (chan_scale) {
-        chan_scale[n] = s_row[src];
-        sc[g * 64 + x] = 1.0f;
-      } else {
-        sc[g * 64 + x] = s_row[src];
-      }
-      if (zf) {
-        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
-        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
-        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
-      }
-    }
-  }
-}
-
 // Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512);
 // W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
 inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
   const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
+  return env ? std::atoll(env) : default_rows;
+}
+
+// Rows of a up to which the decode path is used (pair_chunks_avx512, row blocks of 8 (bf16)
+// or 4 (fp16)); W4K_W4A16_PAIR_ROWS overrides it (0 turns the path off: tests compare the
+// paths). Measured (one thread, 4096 x 4096, machine shared): bf16 at M = 8 / 16 2.1 / 4.1 ms
+// against 4.5 / 5.9 ms on the blocked vdpbf16ps path, no clear winner at 32 and 64; fp16 at
+// M = 8 5.4 ms against 5.0 ms on the lookup tables.
+inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
+  const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : default_rows;
 }
 
@@ -142,9 +125,15 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // against the vdpbf16ps one.
   const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
                        rows <= w4a16_gemm_lut_max_rows(use_dpbf16 ? 6 : 8);
+  // Few rows: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or
+  // fp16 widened to fp32) streams the weight faster than the lookup tables.
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
+                         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 16);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut) {
+  if (use_lut || use_pairs) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -155,8 +144,23 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
     }
   }
+#ifdef W4K_HAVE_AVX512_PATH
+  if (use_pairs) {
+    const bool any_mixed_tile =
+        std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
+    PairScratch scratch;
+    if (fp16)
+      pair_chunks_avx512<true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
+                               any_mixed_tile, scratch);
+    else
+      pair_chunks_avx512<false>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
+                                any_mixed_tile, scratch);
+    return 0;
+  }
+#endif
   (void)use_lut;
-  (void)use_dpbf16;  // both unused when the AVX-512 paths are compiled out
+  (void)use_pairs;
+  (void)use_dpbf16;  // all unused when the AVX-512 paths are compiled out
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
 #ifdef W4K_HAVE_AVX512_PATH

@@ -23,7 +23,7 @@ struct W4a16GemmProblem {
   const uint16_t* a_bf16;      // the same rows as bf16 bits (bf16 activations only) or nullptr
   int64_t lda_bf16;
   const int32_t* b_q_weight;   // [size_k / 16, 2 * size_n], Marlin layout
-  const float* scales;         // [num_groups, size_n], Marlin-permuted, values of b_scales
+  const uint16_t* scales;      // [num_groups, size_n], Marlin-permuted, bits of weight_type
   const int32_t* zeros;        // [num_groups, size_n / 8] Marlin zero points, or nullptr (z = 8)
   const int32_t* g_idx;        // [size_k] group of each Marlin row (sorted), or nullptr
   const float* bias;           // [size_n] or nullptr
@@ -84,6 +84,56 @@ struct MarlinChunkTables {
 inline const MarlinChunkTables& chunk_tables() {
   static const MarlinChunkTables tables;
   return tables;
+}
+
+// ---- scales and zero points of a chunk ------------------------------------------------------
+
+// The value of fp16 / bf16 bits as a float (exact).
+inline float half_bits_to_float(uint16_t h, HalfType type) {
+  uint32_t u;
+  if (type == HalfType::kBFloat16) {
+    u = static_cast<uint32_t>(h) << 16;
+  } else {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu,
+                   man = h & 0x3ffu;
+    if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in fp32
+      const float v = static_cast<float>(man) * 0x1p-24f;
+      return sign ? -v : v;
+    }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Scales and zero points of one chunk for every group, in wbuf column order: sc[g][x] is the
+// scale of column colperm[x]. The scale perm is per 64 columns when G > 1 (aligned with the
+// chunk) and per 32 columns when G == 1. Per-channel (G == 1, chan_scale != nullptr) the scales
+// go to chan_scale[n] (chunk column order) for the epilogue and sc is all ones, so every path
+// dequantizes to the exact q - z without a per-channel variant of its own.
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
+                                float* chan_scale) {
+  const MarlinChunkTables& tb = chunk_tables();
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+    for (int x = 0; x < 64; ++x) {
+      int n = tb.colperm[x];
+      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
+      const float s = half_bits_to_float(s_row[src], p.weight_type);
+      if (chan_scale) {
+        chan_scale[n] = s;
+        sc[g * 64 + x] = 1.0f;
+      } else {
+        sc[g * 64 + x] = s;
+      }
+      if (zf) {
+        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
+        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
+        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
+      }
+    }
+  }
 }
 
 // ---- epilogue -----------------------------------------------------------------------------------

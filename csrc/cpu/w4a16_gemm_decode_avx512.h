@@ -1,0 +1,389 @@
+// AVX512-BF16 decode path of the CPU w4a16_gemm kernel (torch-free): bf16 activations, few rows
+// of a (M <= 4 per row block), the case where streaming the int4 weight is the whole cost.
+//
+// Idea: decode the Marlin words in place, with no transposition, straight into bf16 k-pairs for
+// vdpbf16ps. The 16 words of line c of a chunk's k-tile (words 16c .. 16c + 15) sit in lanes
+// L = 4t + j and hold (MarlinChunkTables) nibble e of word L at
+//     row = 2t + (e >> 2) + 8 * (e & 1),   col = 16j + c + 8 * ((e >> 1) & 1).
+// A 16-bit shift by 4e' (e' = 0..3) puts nibble e' in the low half of every lane and nibble
+// e' + 4 in the high half: the even row 2t + 8h and the odd row 2t + 8h + 1 (h = e' & 1) of
+// column 16j + c + 8*b2 (b2 = e' >> 1), i.e. exactly the (low, high) bf16 pair vdpbf16ps
+// multiplies with the pair (a[2t + 8h], a[2t + 8h + 1]). The four columns j of a lane group
+// differ, so the lookup is a 64-entry table of 16-bit weights, index 16j + code: one vpermt2w
+// (_mm512_permutex2var_epi16) over two registers. Per 32 weights: a shift, a vpternlogd (mask
+// the code, add 16j), a vpermt2w and a vdpbf16ps; a[] is permuted once per k-tile and row.
+//
+// Numerics: the table entry of column n, group g, code q is bf16((q - z) * s), the product
+// exact in fp32 and rounded once to bf16 (round-to-nearest-even on the bits, as every other
+// path); per channel s = 1 (decode_chunk_groups) and the entries are the exact integers q - z.
+// a * w is exact in fp32 and vdpbf16ps adds two products per lane to the fp32 accumulator: the
+// contract up to the fp32 summation order (lane (t, j) keeps 4 partial sums per column over t,
+// added at the end). bf16/fp32 subnormal inputs are flushed by vdpbf16ps, as on the blocked
+// vdpbf16ps path.
+//
+// Memory: the 128 words of a chunk's k-tile are 512 contiguous bytes, but consecutive k-tiles
+// are 8 * size_n bytes apart (a different page for every tile), which the hardware prefetchers
+// do not follow; the first pass over a block of tiles prefetches the tiles kPrefetchTiles ahead.
+#pragma once
+
+#include "cpu/w4a16_gemm_avx512.h"
+
+#ifdef W4K_HAVE_AVX512_PATH
+
+namespace w4k::cpu {
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The lookup tables of one chunk and group: tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of
+// (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the epilogue).
+// Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position 8(n % 8) +
+// n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble 4*b2 + j,
+// so one line's 8 weights columns come from 8 contiguous scales and one word. The rounding is
+// vcvtneps2bf16 (round to nearest even; a subnormal result is flushed to zero, as vdpbf16ps
+// would flush it when multiplying); fp16 tables (kFp16) round with vcvtps2ph (nearest even,
+// subnormals kept, as round_to_fp16). s_row: scale bits of the half type, nullptr per channel;
+// z_words: nullptr -> z = 8.
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
+    const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
+  // lane l of vector r: code q = 4r + l / 4, column j = l % 4
+  const __m512i code_base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i j_of_lane = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
+  __m512 code[4];
+  for (int r = 0; r < 4; ++r)
+    code[r] = _mm512_cvtepi32_ps(_mm512_add_epi32(code_base, _mm512_set1_epi32(4 * r)));
+  for (int c = 0; c < 8; ++c) {
+    __m256 s8 = _mm256_set1_ps(1.0f);
+    if (s_row) {  // bf16 -> fp32: the bits in the high half
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
+      s8 = kFp16 ? _mm256_cvtph_ps(h)
+                 : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      s8 = _mm256_permutevar8x32_ps(s8, even);
+    }
+    const uint32_t zw = z_words ? static_cast<uint32_t>(z_words[c]) : 0x88888888u;
+    for (int b2 = 0; b2 < 2; ++b2) {
+      const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
+                                                 : _mm256_castps256_ps128(s8));
+      const __m512i z_shift = _mm512_slli_epi32(
+          _mm512_add_epi32(j_of_lane, _mm512_set1_epi32(4 * b2)), 2);
+      const __m512 z = _mm512_cvtepi32_ps(_mm512_and_si512(
+          _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(zw)), z_shift),
+          _mm512_set1_epi32(15)));
+      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
+      // times an 8- or 11-bit significand) and so is their difference (a 5-bit integer times
+      // s), so the fma's one rounding changes nothing.
+      const __m512 zs = _mm512_mul_ps(z, s);
+      __m256i half[4];
+      for (int r = 0; r < 4; ++r) {
+        const __m512 w = _mm512_fmsub_ps(code[r], s, zs);
+        half[r] = kFp16 ? _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                        : (__m256i)_mm512_cvtneps_pbh(w);
+      }
+      uint16_t* t = tbl + (2 * c + b2) * 64;
+      _mm512_storeu_si512(t, _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1));
+      _mm512_storeu_si512(t + 32,
+                          _mm512_inserti64x4(_mm512_castsi256_si512(half[2]), half[3], 1));
+    }
+  }
+}
+
+// Lane 4t + j of a_pairs[(kt - kt0) * 2 * rows + 2i + h] is the bf16 pair (a[i, 16kt + 2t +
+// 8h], a[i, 16kt + 2t + 8h + 1]): what lane (t, j) of the decoded weights multiplies. Built
+// once per block of tiles and row block, shared by every chunk.
+__attribute__((target("avx512f"))) inline void build_a_pairs_avx512(
+    const uint16_t* a, int64_t lda, int64_t rows, int64_t kt0, int64_t kt1, __m512i* a_pairs) {
+  const __m512i idx[2] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                          _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
+  for (int64_t kt = kt0; kt < kt1; ++kt)
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512i a_tile = _mm512_castsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i * lda + 16 * kt)));
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 2 + h,
+                            _mm512_permutexvar_epi32(idx[h], a_tile));
+    }
+}
+
+// fp16: the decoded 16-bit weights are widened by vcvtph2ps, lower and upper 256 bits (u = 0,
+// 1): element e of the result is the low (e even) or high half of dword lane 8u + e / 2, i.e.
+// row 2t + 8h + e % 2 with t = 2u + e / 8. a_pairs[((kt - kt0) * rows + i) * 4 + 2h + u] holds
+// those fp32 activations (one vpermps of the tile each).
+__attribute__((target("avx512f"))) inline void build_a_fp32_avx512(
+    const float* a, int64_t lda, int64_t rows, int64_t kt0, int64_t kt1, __m512i* a_pairs) {
+  __m512i idx[4];
+  for (int hu = 0; hu < 4; ++hu) {
+    int v[16];
+    for (int e = 0; e < 16; ++e) v[e] = 2 * (2 * (hu % 2) + e / 8) + 8 * (hu / 2) + e % 2;
+    idx[hu] = _mm512_loadu_si512(v);
+  }
+  for (int64_t kt = kt0; kt < kt1; ++kt)
+    for (int64_t i = 0; i < rows; ++i) {
+      const __m512 a_tile = _mm512_loadu_ps(a + i * lda + 16 * kt);
+      for (int hu = 0; hu < 4; ++hu)
+        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 4 + hu,
+                            _mm512_castps_si512(_mm512_permutexvar_ps(idx[hu], a_tile)));
+    }
+}
+
+// MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
+// words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
+// the chunk's tables of groups g_first .. (1024 entries each).
+// bf16: acc[i * 256 + (2c + b2) * 16 + 4t + j]: fp32 partial sums (t) of column 16j + c +
+// 8*b2. fp16 (kFp16, fp32 FMAs on the widened weights): acc[i * 512 + (2c + b2) * 32 + 16u + e]
+// with the element order of build_a_fp32_avx512.
+// Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP table halves (<= 24 of
+// 32); a from memory.
+template <int MR, int NCP, bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
+    const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
+    int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
+    int64_t g_first, int c0, float* acc) {
+  constexpr int kAccRow = kFp16 ? 512 : 256, kAccCb = kFp16 ? 32 : 16, kU = kFp16 ? 2 : 1;
+  __m512 acc_v[MR][2 * NCP][kU];
+  for (int i = 0; i < MR; ++i)
+    for (int cb = 0; cb < 2 * NCP; ++cb)
+      for (int u = 0; u < kU; ++u)
+        acc_v[i][cb][u] = _mm512_loadu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u);
+  // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
+  const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
+                                             0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
+                                             0x20002, 0x30003);
+  __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP];
+  int64_t g_loaded = -1;
+  for (int64_t kt = kt0; kt < kt1; ++kt) {
+    const int32_t* wt = words + (kt - kt0) * word_stride;
+    if (kt - kt0 < prefetch_tiles)  // only the first pass over the block prefetches
+      for (int l = 0; l < 8; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(wt + (kt1 - kt0) * word_stride + 16 * l),
+                     _MM_HINT_T1);
+    const int64_t g = tile_group[kt];
+    if (g < 0) continue;  // a tile whose rows span two groups: see pair_chunk_avx512
+    if (g != g_loaded) {
+      const uint16_t* tg = tbl + (g - g_first) * 1024 + 2 * c0 * 64;
+      for (int cb = 0; cb < 2 * NCP; ++cb) {
+        tbl_lo[cb] = _mm512_loadu_si512(tg + cb * 64);
+        tbl_hi[cb] = _mm512_loadu_si512(tg + cb * 64 + 32);
+      }
+      g_loaded = g;
+    }
+    const __m512i* av = a_pairs + (kt - kt0) * 2 * kU * MR;
+#pragma GCC unroll 8
+    for (int cc = 0; cc < NCP; ++cc) {
+      const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
+#pragma GCC unroll 4
+      for (int e = 0; e < 4; ++e) {
+        const __m512i shifted = e == 0 ? _mm512_slli_epi16(w, 2) : _mm512_srli_epi16(w, 4 * e - 2);
+        // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
+        const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+        const int cb = 2 * cc + (e >> 1);
+        const __m512i wv = _mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
+        if constexpr (kFp16) {
+          const __m512 w_lo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
+          const __m512 w_hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+          for (int i = 0; i < MR; ++i) {
+            const float* a_i = reinterpret_cast<const float*>(av + 4 * i + 2 * (e & 1));
+            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i), w_lo, acc_v[i][cb][0]);
+            acc_v[i][cb][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i + 16), w_hi, acc_v[i][cb][1]);
+          }
+        } else {
+          for (int i = 0; i < MR; ++i)
+            acc_v[i][cb][0] = _mm512_dpbf16_ps(
+                acc_v[i][cb][0], (__m512bh)_mm512_loadu_si512(av + 2 * i + (e & 1)),
+                (__m512bh)wv);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int cb = 0; cb < 2 * NCP; ++cb)
+      for (int u = 0; u < kU; ++u)
+        _mm512_storeu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u, acc_v[i][cb][u]);
+}
+
+// Rows per row block: bf16 8 (at 5..8 rows one line per pass: 2 * MR accumulators), fp16 4
+// (its accumulators are twice as many).
+template <bool kFp16>
+constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
+
+// All 8 lines for rows [0, rows) (rows <= kPairRowBlock), in as many passes as the registers
+// need.
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
+    const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
+    int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
+    const int32_t* tile_group, int64_t g_first, float* acc) {
+  auto passes = [&](auto mr, auto ncp) {
+    for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
+      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16>(
+          a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
+          acc);
+  };
+  using std::integral_constant;
+  if constexpr (kFp16) {
+    switch (rows) {
+      case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
+      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 1>{}); break;
+      default: passes(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
+    }
+  } else {
+    switch (rows) {
+      case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
+      case 4: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+      case 5: passes(integral_constant<int, 5>{}, integral_constant<int, 1>{}); break;
+      case 6: passes(integral_constant<int, 6>{}, integral_constant<int, 1>{}); break;
+      case 7: passes(integral_constant<int, 7>{}, integral_constant<int, 1>{}); break;
+      default: passes(integral_constant<int, 8>{}, integral_constant<int, 1>{}); break;
+    }
+  }
+}
+
+// Scratch of pair_chunks_avx512, kept by the caller across calls.
+struct PairScratch {
+  std::vector<uint16_t> tbl;     // [chunk][group of the block][1024]
+  std::vector<float> acc;        // [chunk][row][256 (bf16) or 512 partial sums + 64 `extra`]
+  std::vector<float> chan_scale; // [chunk][64] per channel
+  std::vector<float> sc, zf;     // [chunk][group][64] (decode_chunk_groups), mixed tiles only
+  std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
+};
+
+// Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16: vdpbf16ps; fp16
+// (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order: blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as
+// one contiguous run of (ch1 - ch0) * 512 bytes and the pages in use stay few. tile_group[kt]:
+// the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
+// those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
+// chunk's `extra` sums (wbuf column order), as on the lookup-table path.
+template <bool kFp16>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
+    const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
+    const int32_t* tile_group, bool any_mixed_tile, PairScratch& s) {
+  constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of each chunk's words
+  const int64_t num_tiles = p.size_k / 16;
+  const int64_t word_stride = 2 * p.size_n;
+  const int64_t num_chunks = ch1 - ch0;
+  constexpr int64_t kAccRow = kFp16 ? 512 : 256;
+  constexpr int64_t kAPairs = kFp16 ? 4 : 2;  // a vectors per tile and row
+  const int64_t acc_per_chunk = rows * (kAccRow + 64);
+  const bool per_channel = p.num_groups == 1;
+  const MarlinChunkTables& tb = chunk_tables();
+  s.acc.assign(num_chunks * acc_per_chunk, 0.0f);
+  if (per_channel || any_mixed_tile) {
+    s.chan_scale.resize(num_chunks * 64);
+    s.sc.resize(num_chunks * p.num_groups * 64);
+    s.zf.resize(p.zeros ? num_chunks * p.num_groups * 64 : 0);
+    for (int64_t ch = ch0; ch < ch1; ++ch)
+      decode_chunk_groups(p, ch, s.sc.data() + (ch - ch0) * p.num_groups * 64,
+                          p.zeros ? s.zf.data() + (ch - ch0) * p.num_groups * 64 : nullptr,
+                          per_channel ? s.chan_scale.data() + (ch - ch0) * 64 : nullptr);
+  }
+  float wtile[16 * 64];
+  int64_t built_first = -1, built_last = -1, groups_per_block = 0;
+  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTilesPerBlock) {
+    const int64_t kt1 = std::min(num_tiles, kt0 + kTilesPerBlock);
+    int64_t g_first = INT64_MAX, g_last = -1;
+    for (int64_t kt = kt0; kt < kt1; ++kt) {
+      if (tile_group[kt] < 0) continue;
+      g_first = std::min<int64_t>(g_first, tile_group[kt]);
+      g_last = std::max<int64_t>(g_last, tile_group[kt]);
+    }
+    if (g_last >= 0 && (g_first != built_first || g_last != built_last)) {
+      groups_per_block = g_last - g_first + 1;
+      s.tbl.resize(num_chunks * groups_per_block * 1024);
+      for (int64_t ch = ch0; ch < ch1; ++ch)
+        for (int64_t g = g_first; g <= g_last; ++g)
+          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                                  p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+                                  s.tbl.data() + ((ch - ch0) * groups_per_block + g - g_first) * 1024);
+      built_first = g_first;
+      built_last = g_last;
+    }
+    const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
+    constexpr int64_t kRb = kPairRowBlock<kFp16>;
+    s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
+    __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
+    for (int64_t i0 = 0; i0 < rows; i0 += kRb) {
+      if (kFp16)
+        build_a_fp32_avx512(p.a + (m0 + i0) * p.lda, p.lda, std::min(kRb, rows - i0), kt0,
+                            kt1, a_pairs + (kt1 - kt0) * kAPairs * i0);
+      else
+        build_a_pairs_avx512(p.a_bf16 + (m0 + i0) * p.lda_bf16, p.lda_bf16,
+                             std::min(kRb, rows - i0), kt0, kt1,
+                             a_pairs + (kt1 - kt0) * kAPairs * i0);
+    }
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
+      const int32_t* chunk_words = p.b_q_weight + 128 * ch;
+      if (any_mixed_tile) {
+        const float* sc = s.sc.data() + (ch - ch0) * p.num_groups * 64;
+        const float* zf = p.zeros ? s.zf.data() + (ch - ch0) * p.num_groups * 64 : nullptr;
+        for (int64_t kt = kt0; kt < kt1; ++kt) {
+          if (tile_group[kt] >= 0) continue;
+          const float* srow[16];
+          const float* zrow[16];
+          for (int r = 0; r < 16; ++r) {
+            const int64_t g = p.g_idx[16 * kt + r];
+            srow[r] = sc + g * 64;
+            zrow[r] = zf ? zf + g * 64 : nullptr;
+          }
+          const int32_t* words = chunk_words + kt * word_stride;
+          if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
+          else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+          micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, acc + rows * kAccRow,
+                            rows);
+        }
+      }
+      if (g_last < 0) continue;  // every tile of the block was mixed
+      const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
+        pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
+                          std::min(kPairRowBlock<kFp16>, rows - i0),
+                          chunk_words + kt0 * word_stride,
+                          word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,
+                          g_first, acc + i0 * kAccRow);
+    }
+  }
+  for (int64_t ch = ch0; ch < ch1; ++ch) {
+    const float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
+    const float* extra = acc + rows * kAccRow;
+    const float* chan_scale = per_channel ? s.chan_scale.data() + (ch - ch0) * 64 : nullptr;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+      for (int cb = 0; cb < 16; ++cb) {
+        float col_sum[4];
+        if (kFp16) {
+          // elements e of u = 0, 1: column j = (e / 2) % 4 -> e in {2j, 2j + 1, 2j + 8, 2j + 9}
+          const float* v = acc + i * kAccRow + cb * 32;
+          for (int j = 0; j < 4; ++j)
+            col_sum[j] = ((v[2 * j] + v[2 * j + 1]) + (v[2 * j + 8] + v[2 * j + 9])) +
+                         ((v[16 + 2 * j] + v[16 + 2 * j + 1]) +
+                          (v[16 + 2 * j + 8] + v[16 + 2 * j + 9]));
+        } else {
+          // lanes 4t + j: add the four 128-bit blocks (t) -> columns j = 0..3
+          const __m512 v = _mm512_loadu_ps(acc + i * kAccRow + cb * 16);
+          const __m128 sum = _mm_add_ps(
+              _mm_add_ps(_mm512_extractf32x4_ps(v, 0), _mm512_extractf32x4_ps(v, 1)),
+              _mm_add_ps(_mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)));
+          _mm_storeu_ps(col_sum, sum);
+        }
+        for (int j = 0; j < 4; ++j) {
+          const int col = 16 * j + cb / 2 + 8 * (cb % 2);
+          c_row[col] = epilogue(col_sum[j] + extra[i * 64 + tb.xcol[col]], chan_scale, col,
+                                bias ? bias[col] : 0.0f);
+        }
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+}  // namespace w4k::cpu
+
+#endif  // W4K_HAVE_AVX512_PATH

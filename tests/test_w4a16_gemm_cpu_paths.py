@@ -1,0 +1,130 @@
+"""CPU w4a16_gemm: the bf16 decode path (M <= 4), the work queue, and what every CPU path must
+share: bits across thread counts, K-blocked shapes, M from 1 to 300, odd multiples of 64 for N.
+
+References: ``reference.w4a16_gemm`` (float64) with the derived tolerance of
+test_w4a16_gemm.py, and, where the sums are exact (small-integer activations), the contract's
+own bits.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import golden
+from conftest import backend_or_skip
+from test_w4a16_gemm import OP, call, check_against_reference, make_case
+from w4kernels import reference
+
+# The decode path is the default at M <= 16 (bf16, with AVX512-BF16) or 4 (fp16) on an
+# AVX-512 CPU;
+# W4K_W4A16_PAIR_ROWS=0 turns it off (then the lookup tables, or the blocked path).
+DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
+
+
+# (K, N): K = 11008 (a Llama MLP: 43 blocks of 16 k-tiles), K = 1040 (65 tiles: a last block
+# of one tile), N odd multiples of 64.
+# Every register tiling of the decode path: bf16 row blocks of 1..8 rows (M = 13: 8 + 5,
+# M = 16: 8 + 8), fp16 of 1..4 (the tilings of 3 and 4 share code there).
+DTYPE_M = ([(torch.bfloat16, m) for m in (1, 2, 3, 4, 6, 7, 13, 16)] +
+           [(torch.float16, m) for m in (1, 3, 4)])
+
+
+@pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])
+@pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
+@pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act", "shard_zp"])
+def test_decode_path(config, size_k, size_n, dtype, m):
+    b = backend_or_skip("cpu", OP)
+    # groups of whole k-tiles that divide K: 128 or 80 rows; 32 or 16 (one tile)
+    large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
+    group, act, zp, bias = {"g128": (large, None, False, False),
+                            "g32_zp": (small, None, True, False),
+                            "chan_zp_bias": (-1, None, True, True),
+                            "act": (large, "k_full", False, False),
+                            "shard_zp": (64, "shard", True, True)}[config]
+    case = make_case(m, size_k, size_n, group, dtype, act, zp, bias, seed=m + size_k)
+    check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4])
+@pytest.mark.parametrize("zp,act_order", [(False, None), (True, "k_full")], ids=["sym", "act_zp"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_decode_path_per_channel_bits(monkeypatch, dtype, zp, act_order, m):
+    """Per channel with small-integer activations every fp32 partial sum is an exact integer, so
+    the decode path, the path it replaces and the portable one give the contract's bits:
+    T((acc * s) + bias)."""
+    b = backend_or_skip("cpu", OP)
+    size_k, size_n = 1040, 192
+    case = make_case(m, size_k, size_n, -1, dtype, act_order, zp, bias=True, seed=21)
+    gen = torch.Generator().manual_seed(21)
+    case["a"] = torch.randint(-8, 9, (m, size_k), generator=gen).to(dtype)
+    a = case["a"].double()
+    if act_order:
+        a = a[:, case["perm"].long()]
+    acc = (a @ case["_qz"].double()).float()
+    expected = ((acc * case["_s"].float()) + case["b_bias"].float()).to(dtype)
+    for env in [{}, DECODE_OFF, {"W4K_CPU_ISA": "scalar"}]:
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            assert golden.same_bits(call(b, case), expected), env
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 4, 8, 97, 300])
+def test_threads_same_bits(dtype, m):
+    """1 and 2 threads split the work differently (row blocks, items) but every output is summed
+    by one thread in a fixed order: the same bits. Also checks M up to 300 against float64."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 1040, 320, 80, dtype, zp=True, bias=True, seed=m)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(b, case)
+        torch.set_num_threads(2)
+        two = call(b, case)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
+    if m in (4, 300):
+        check_against_reference(b, case)
+
+
+def test_concurrent_callers_share_the_work_queue():
+    """Calls from several Python threads at once: one owns the queue, the others run their items
+    inline; every result must be the single-call result."""
+    b = backend_or_skip("cpu", OP)
+    cases = [make_case(m, 512, 256, 128, torch.bfloat16, zp=True, seed=m) for m in (1, 4, 33)]
+    expected = [call(b, c) for c in cases]
+    errors = []
+
+    def worker(i):
+        for _ in range(20):
+            if not golden.same_bits(call(b, cases[i % 3]), expected[i % 3]):
+                errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_fp16_output_overflow_rounds_like_torch():
+    """The result's rounding to a's dtype (done on the kernel's queue, not by Tensor.to) gives
+    torch's bits where fp16 overflows: +-inf."""
+    b = backend_or_skip("cpu", OP)
+    size_k, size_n = 16, 64
+    q = torch.full((size_k, size_n), 15, dtype=torch.int32)  # q - 8 = 7
+    s = torch.full((1, size_n), 60000.0).to(torch.float16)
+    s[0, 1::2] *= -1
+    case = make_case(1, size_k, size_n, -1, torch.float16, bias=True)
+    a = torch.ones(1, size_k)
+    case.update(a=a.half(), b_q_weight=reference.marlin_pack(q),
+                b_scales=reference.marlin_permute_scales(s, size_k, size_n, -1),
+                b_bias=torch.zeros(size_n).half())
+    out = call(b, case)
+    acc = torch.full((1, size_n), 7.0 * size_k)
+    assert golden.same_bits(out, ((acc * s.float()) + 0.0).to(torch.float16))
+    assert bool(out.isinf().all())
