@@ -402,12 +402,11 @@ def test_gpu_awq_kernel_on_awq_linear_tensors(backend):
     assert_gemm_close(out.cpu(), x.cpu().double() @ w, x.cpu(), w)
 
 
-@pytest.mark.parametrize("rows", [1, 127, 128, 200])
+@pytest.mark.parametrize("rows", [1, 4, 5, 127, 128, 200])
 def test_awq_linear_cpu_paths_by_m(rows):
-    """Below AWQLinear.cpu_dequant_threshold rows the CPU runs awq_gemm, from it on
-    awq_dequantize + torch.matmul: both within the bound of the same float64 reference (the
-    weight rounded once to the dtype, fp32 sums, bias added after the rounding)."""
+    """On the CPU, awq_gemm's decode (M <= 4) and tile paths: within the bound of the same
+    float64 reference (the weight rounded once to the dtype, fp32 sums, bias added after the
+    rounding)."""
     t, w = awq_layer(128, 64, 32, torch.bfloat16)
     m = wnn.AWQLinear.from_awq(t["qweight"], t["qzeros"], t["scales"], t["bias"], 32)
-    assert m.cpu_dequant_threshold == 128
     _check(m, _x((rows, 128), torch.bfloat16), w, t["bias"], bias_after_rounding=True)

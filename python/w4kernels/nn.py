@@ -13,10 +13,9 @@ dtype) happens once there; ``forward`` only calls the op.
 
 **Devices.** Each forward calls the op on the device of its tensors: on CUDA the GPU kernel, on
 the CPU the C++ CPU kernel (AVX-512/AVX2 with a scalar fallback). The ops choose their own
-path by M where it pays: on CUDA ``awq_gemm`` switches to dequantize + matmul from M = 256
-(``W4K_AWQ_DEQUANT_THRESHOLD``), and :class:`AWQLinear` on the CPU from M = 128
-(``AWQLinear.cpu_dequant_threshold``, measured); every other case runs the op's kernel at
-every M.
+path by M where it pays (on CUDA ``awq_gemm`` switches to dequantize + matmul from M = 256,
+``W4K_AWQ_DEQUANT_THRESHOLD``; on the CPU its kernel beat dequantize + matmul at every M
+measured, README "CPU awq_gemm"), so the modules call the op at every M.
 ``module.to(device)`` moves every buffer, the Marlin workspace included.
 
 **state_dict.** It holds the tensors the module computes with, registered as buffers (never
@@ -509,19 +508,9 @@ class AWQLinear(nn.Module):
         return reference.awq_dequantize(self.qweight.cpu(), self.scales.cpu(),
                                         self.qzeros.cpu()).double().T.contiguous()
 
-    # From this many activation rows on the CPU, dequantize the weight once (awq_dequantize,
-    # the same rounding as awq_gemm) and multiply with torch.matmul: measured 2026-11-24 on
-    # this project's shared 2-core CPU, K x N = 2048 x 5632 bf16, awq_gemm vs dequantize +
-    # matmul: M = 64: 25-47 vs 36 ms (mixed), M = 128: 58-61 vs 38-40 ms, M = 256: 105-109 vs
-    # 58-60 ms, M = 1024: 386 vs 204 ms. (The CUDA op makes the same switch itself at 256.)
-    cpu_dequant_threshold = 128
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = _as_half_input("AWQLinear", x, self.scales.dtype)
-        if a.device.type == "cpu" and a.numel() >= self.cpu_dequant_threshold * self.in_features:
-            out = a @ ops.awq_dequantize(self.qweight, self.scales, self.qzeros)
-        else:
-            out = ops.awq_gemm(a, self.qweight, self.scales, self.qzeros)
+        out = ops.awq_gemm(a, self.qweight, self.scales, self.qzeros)
         if self.bias is not None:
             out = out + self.bias
         return out if out.dtype == x.dtype else out.to(x.dtype)
