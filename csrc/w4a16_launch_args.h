@@ -83,10 +83,14 @@ cudaError_t launch_w4a16_typed(const W4a16LaunchTensors& t,
   const auto ptr = [](const at::Tensor& x) {
     return reinterpret_cast<const T*>(x.data_ptr<AtT>());
   };
+  // The group paths copy zero-point rows 16 bytes at a time (cp.async). A copy made here may be
+  // freed on return while the kernel still reads it: the caching allocator reuses it only in
+  // stream order.
+  const at::Tensor zeros = args.has_zp ? aligned16(*b_zeros) : at::Tensor();
   return launch_w4a16_gemm<T>(
       t.plan, ptr(t.a), t.a.stride(0),
       reinterpret_cast<const uint32_t*>(t.b_q_weight.data_ptr<int32_t>()), ptr(t.b_scales),
-      args.has_zp ? reinterpret_cast<const uint32_t*>(b_zeros->data_ptr<int32_t>()) : nullptr,
+      args.has_zp ? reinterpret_cast<const uint32_t*>(zeros.data_ptr<int32_t>()) : nullptr,
       t.g_idx.defined() ? t.g_idx.data_ptr<int32_t>() : nullptr,
       t.perm.defined() ? t.perm.data_ptr<int32_t>() : nullptr,
       t.a_perm.defined() ? reinterpret_cast<T*>(t.a_perm.data_ptr<AtT>()) : nullptr,

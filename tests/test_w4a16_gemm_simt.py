@@ -89,12 +89,15 @@ def test_a_with_row_stride(row_stride, offset):
     check_against_reference(b, case)
 
 
+@pytest.mark.parametrize("act_order", [None, "k_full"], ids=["noact", "act"])
 @pytest.mark.parametrize("group_size", [-1, 64])
-def test_unaligned_views(group_size):
-    """b_q_weight, b_scales and g_idx as views that are not 16-byte aligned (the kernel loads
-    them 16 bytes at a time; the binding copies such views first)."""
+def test_unaligned_views(group_size, act_order):
+    """b_q_weight, b_scales, b_zeros and g_idx as views that are not 16-byte aligned (the kernel
+    loads them 16 bytes at a time; the binding copies such views first). Regression: b_zeros
+    was passed as it came, which the group path's cp.async rejects (found by the fuzzer once
+    act-order in group order took that path)."""
     b = simt()
-    case = make_case(5, 256, 128, group_size, torch.float16, "k_full", zp=True, seed=4)
+    case = make_case(5, 256, 128, group_size, torch.float16, act_order, zp=True, seed=4)
 
     def shifted(t):
         flat = torch.cat([torch.zeros(1, dtype=t.dtype), t.flatten()])
@@ -102,8 +105,9 @@ def test_unaligned_views(group_size):
         assert view.data_ptr() % 16 != 0
         return view
 
-    for name in ("b_q_weight", "b_scales", "g_idx"):
-        case[name] = shifted(case[name])
+    for name in ("b_q_weight", "b_scales", "b_zeros", "g_idx"):
+        if case[name] is not None:
+            case[name] = shifted(case[name])
     check_against_reference(b, case)
 
 
