@@ -64,8 +64,10 @@ W4K_AWQ_AVX2 inline __m256 avx2_widen(__m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// T(v) widened back to fp32; the bf16 case is round_bf16 lane by lane.
-template <Dtype D>
+// T(v) widened back to fp32; the bf16 case is round_bf16 lane by lane. kPlain: the caller
+// knows v is finite and 0 or |v| >= FLT_MIN (see avx2_load_params), where round_bf16 is plain
+// RNE (a zero keeps its sign under RNE too).
+template <Dtype D, bool kPlain>
 W4K_AWQ_AVX2 inline __m256 avx2_round(__m256 v) {
   if constexpr (D == Dtype::kHalf) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -75,6 +77,7 @@ W4K_AWQ_AVX2 inline __m256 avx2_round(__m256 v) {
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i rne = _mm256_and_si256(
         _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), hi);
+    if constexpr (kPlain) return _mm256_castsi256_ps(rne);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 tiny = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(FLT_MIN), _CMP_LT_OQ);
     const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
@@ -86,11 +89,15 @@ W4K_AWQ_AVX2 inline __m256 avx2_round(__m256 v) {
 }
 
 // Scales and (-z) * s of group g for the block at column n0, column order; words past the
-// valid ones get 0.
+// valid ones get 0. Returns whether every scale is finite with |s| >= FLT_MIN: then every
+// weight fma(q, s, (-z) s) = (q - z) s is +-0 or has magnitude >= FLT_MIN (q - z an integer),
+// and is never NaN (an overflow gives +-inf, which plain RNE keeps), so the bf16 rounding is
+// plain RNE (avx2_round<.., true>).
 template <Dtype D>
-W4K_AWQ_AVX2 void avx2_load_params(const Problem& pb, int64_t g, int64_t n0, int64_t words,
+W4K_AWQ_AVX2 bool avx2_load_params(const Problem& pb, int64_t g, int64_t n0, int64_t words,
                                    BlockParams& p) {
   const __m256i shifts = avx2_nibble_shifts();
+  __m256 odd = _mm256_setzero_ps();  // lanes with a NaN, inf or denormal scale
   for (int64_t w = 0; w < 8; ++w) {
     __m256 s = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
     if (w < words) {
@@ -99,15 +106,19 @@ W4K_AWQ_AVX2 void avx2_load_params(const Problem& pb, int64_t g, int64_t n0, int
       const __m256 z = avx2_codes(pb.qzeros[g * (pb.size_n / 8) + n0 / 8 + w], shifts);
       // (-z) by a sign flip, so z = 0 gives -0 exactly as the portable (-z) * s does.
       zs = _mm256_mul_ps(_mm256_xor_ps(z, _mm256_set1_ps(-0.0f)), s);
+      const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), s);
+      odd = _mm256_or_ps(odd, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MIN), _CMP_NGE_UQ));  // < or NaN
+      odd = _mm256_or_ps(odd, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_GT_OQ));
     }
     _mm256_store_ps(p.s + 8 * w, s);
     _mm256_store_ps(p.zs + 8 * w, zs);
   }
+  return _mm256_movemask_ps(odd) == 0;
 }
 
 // Rows [0, kb) of one block (q = its first word of row k0) into tile [row][64]:
 // T(fma(q, s, (-z) s)) widened to fp32; invalid words give 0.
-template <Dtype D>
+template <Dtype D, bool kPlain>
 W4K_AWQ_AVX2 void avx2_decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
                                     const BlockParams* const* rows, float* tile) {
   const __m256i shifts = avx2_nibble_shifts();
@@ -118,7 +129,7 @@ W4K_AWQ_AVX2 void avx2_decode_strip(const int32_t* q, int64_t ldq, int64_t kb, i
     float* t = tile + r * kBlockN;
     int64_t w = 0;
     for (; w < words; ++w)
-      _mm256_store_ps(t + 8 * w, avx2_round<D>(_mm256_fmadd_ps(avx2_codes(qr[w], shifts),
+      _mm256_store_ps(t + 8 * w, avx2_round<D, kPlain>(_mm256_fmadd_ps(avx2_codes(qr[w], shifts),
                                                                _mm256_load_ps(p.s + 8 * w),
                                                                _mm256_load_ps(p.zs + 8 * w))));
     for (; w < 8; ++w) _mm256_store_ps(t + 8 * w, _mm256_setzero_ps());
@@ -206,9 +217,14 @@ W4K_AWQ_AVX2 void chunk_avx2(const Problem& pb, const float* xf, int64_t n_begin
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = n_begin + b * kBlockN;
       const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
-      for (int64_t g = g0; g <= g1; ++g) avx2_load_params<D>(pb, g, n0, words, params[g - g0]);
+      bool plain = true;
+      for (int64_t g = g0; g <= g1; ++g) plain &= avx2_load_params<D>(pb, g, n0, words, params[g - g0]);
       for (int64_t r = 0; r < kb; ++r) rows[r] = &params[(k0 + r) / group_size - g0];
-      avx2_decode_strip<D>(pb.qweight + k0 * ldq + n0 / 8, ldq, kb, words, rows, tile);
+      const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
+      if (plain)
+        avx2_decode_strip<D, true>(q, ldq, kb, words, rows, tile);
+      else
+        avx2_decode_strip<D, false>(q, ldq, kb, words, rows, tile);
       float* accb = acc + b * block_floats;
       if (!lut_order) {
         int64_t n = 0;
