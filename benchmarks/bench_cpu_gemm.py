@@ -24,13 +24,16 @@ rows the ratio to the fastest competitor of the same arithmetic (>1: we are fast
 (torch bf16, torch int4, ORT level 0) or int8 (ORT level 4). Then the dispatch rule: the
 smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
 
+``--isa avx2,scalar`` adds ``awq_gemm`` rows run with ``W4K_CPU_ISA`` capped to each value
+(the AVX2 path and the portable code on this machine), timed in the same run.
+
 ``--background-load P`` times every point a second time while P processes spin on the cores
 and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
 
     PYTHONPATH=$PWD/python python benchmarks/bench_cpu_gemm.py [--quick] [--threads 2]
-        [--background-load 2] [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008]
+        [--background-load 2] [--isa avx2,scalar] [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008]
 """
 
 import argparse
@@ -322,7 +325,27 @@ EXACT_PEERS = ["torch bf16", "torch int4 bf16", "ort acc0"]
 INT8_PEERS = ["ort acc4"]
 
 
+def with_isa(built, isa):
+    """The method's calls run with W4K_CPU_ISA=isa (read by the op at each call)."""
+    wb, c, fn = built
+
+    def call(x, i):
+        old = os.environ.get("W4K_CPU_ISA")
+        os.environ["W4K_CPU_ISA"] = isa
+        try:
+            return fn(x, i)
+        finally:
+            if old is None:
+                del os.environ["W4K_CPU_ISA"]
+            else:
+                os.environ["W4K_CPU_ISA"] = old
+    return wb, c, call
+
+
 def build(name, k, n, gen, quick, threads):
+    if " @" in name:  # "awq_gemm bf16 @avx2": the same op with the ISA capped
+        base, isa = name.split(" @")
+        return with_isa(build(base, k, n, gen, quick, threads), isa)
     if name.startswith("awq_gemm"):
         return m_awq(k, n, gen, quick, torch.bfloat16 if "bf16" in name else torch.float16)
     if name == "awq dequant+mm":
@@ -381,6 +404,9 @@ def main(argv=None):
                     help="smoke test: one small shape, M 1 and 16, 3 repeats, no peak probes")
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also time every point while P busy processes run; print slowdowns")
+    ap.add_argument("--isa", default="", metavar="LIST",
+                    help="also time awq_gemm with W4K_CPU_ISA set to each of these (e.g. "
+                         "avx2,scalar): rows 'awq_gemm bf16 @avx2', ... in the same run")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -389,6 +415,10 @@ def main(argv=None):
     ms = [1, 16] if quick else [int(m) for m in args.ms.split(",")]
     repeats = 3 if quick else args.repeats
     names = [s for s in args.methods.split(",") if s]
+    for isa in [v for v in args.isa.split(",") if v]:
+        for base in [s for s in names if s.startswith("awq_gemm") and " @" not in s]:
+            METHODS[f"{base} @{isa}"] = METHODS[base]
+            names.append(f"{base} @{isa}")
     if not ort_available():
         print("ONNX Runtime rows skipped: onnxruntime/onnx not installed "
               "(optional: pip install onnxruntime onnx)")

@@ -3,8 +3,12 @@
 The CPU kernel (csrc/cpu/awq_gemm_cpu.h) has, per activation dtype and ISA:
   * bf16, M <= 4, K and group size multiples of 16: the table-lookup decode path (K in lanes);
   * otherwise the tile path (a K strip of 64 columns decoded once, 6-row micro-kernel);
-and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX-512 BF16/VBMI) that
-performs the same roundings and the same fma chain per output, so the bits must agree. The
+and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX2) that performs the
+same roundings and the same fma chain per output, so the bits must agree. The AVX2 path
+(W4K_CPU_ISA=avx2, or a CPU without AVX-512 BF16/VBMI: csrc/cpu/awq_gemm_cpu_avx2.h) runs one
+kernel in either summation order and must give the same bits too. On a CPU without AVX-512 the
+"avx512" runs fall back to AVX2, without AVX2 both fall back to the portable code (the tests then
+compare a path with itself: they still check threads and the float64 reference). The
 results are also checked against the float64 reference (tests/numerics.py bound).
 """
 
@@ -55,6 +59,10 @@ CASES = [
     (299, 256, 128, 64, torch.bfloat16),   # tile path, M = 49 * 6 + 5
     (300, 256, 128, 64, torch.float16),    # tile path, M = 50 * 6
     (16, 4096, 64, 32, torch.bfloat16),    # tile path, group 32
+    (4, 11008, 256, 32, torch.float16),    # lookup order (fp16: 16 lanes), K = 11008, group 32
+    (37, 1001, 136, 77, torch.bfloat16),   # tile path, odd K across strips, M = 6 * 6 + 1
+    (300, 105, 64, 35, torch.bfloat16),    # tile path, odd K at M = 300
+    (2, 4096, 8, 32, torch.float16),       # N = 8: one word, a 1-word block
 ]
 
 
@@ -64,9 +72,13 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
     simd2 = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
     simd1 = _run(monkeypatch, "avx512", 1, x, qw, s, qz)
+    avx2_2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
+    avx2_1 = _run(monkeypatch, "avx2", 1, x, qw, s, qz)
     portable = _run(monkeypatch, "scalar", 2, x, qw, s, qz)
     assert golden.same_bits(simd2, simd1), "threads 1 and 2 differ"
+    assert golden.same_bits(avx2_2, avx2_1), "AVX2 path: threads 1 and 2 differ"
     assert golden.same_bits(simd2, portable), "AVX-512 and portable paths differ"
+    assert golden.same_bits(avx2_2, portable), "AVX2 and portable paths differ"
     w = reference.awq_dequantize(qw, s, qz)
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
 
@@ -91,7 +103,26 @@ def test_awq_gemm_cpu_fp16_denormal_weights_bit_identical(monkeypatch, size_m):
     assert (s.abs() < 2.0**-14).all()
     x = torch.randn(size_m, 256, generator=torch.Generator().manual_seed(9)).half()
     simd = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    avx2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
     portable = _run(monkeypatch, "scalar", 1, x, qw, s, qz)
     assert golden.same_bits(simd, portable)
+    assert golden.same_bits(avx2, portable)
     w = reference.awq_dequantize(qw, s, qz)
     assert_gemm_close(simd, x.double() @ w.double(), x, w)
+
+
+@pytest.mark.parametrize("size_m", [1, 7])
+def test_awq_gemm_cpu_avx2_bf16_weight_rounding_edges(monkeypatch, size_m):
+    """The AVX2 path rounds bf16 weights in integer ops: it must match round_bf16 (= what
+    vcvtne2ps2bf16 does) where that is not plain RNE: a denormal scale (weights below FLT_MIN
+    become signed zeros) and a NaN scale (a quiet NaN), on the lookup (M = 1) and tile (M = 7)
+    orders. Compared with the portable path only: vdpbf16ps would also flush denormal sums."""
+    qw, s, qz = _awq(128, 128, 32, torch.bfloat16, seed=11 + size_m)
+    s[1] = (s[1].float() * 1e-37).bfloat16()  # denormal scales: weights below FLT_MIN flush
+    assert (s[1].float().abs() < torch.finfo(torch.float32).tiny).all()
+    s[2, 3] = float("nan")                    # one column's group 2 weights are NaN
+    x = torch.randn(size_m, 128, generator=torch.Generator().manual_seed(5)).bfloat16()
+    avx2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
+    portable = _run(monkeypatch, "scalar", 1, x, qw, s, qz)
+    assert golden.same_bits(avx2, portable)
+    assert torch.isnan(avx2[:, 3]).all() and not torch.isnan(avx2[:, :3]).any()

@@ -28,6 +28,7 @@
 // _mm512_cvtph_ps, inlined from the kernels below) as uninitialized at -O3.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/awq_gemm_cpu.h"
+#include "cpu/awq_gemm_cpu_avx2.h"
 #include "cpu/awq_gemm_cpu_lut.h"
 #include "cpu/isa.h"
 
@@ -169,10 +170,41 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // the item it holds, the other thread takes the rest; items are large enough (the whole K)
 // that the counter costs nothing. Each column is summed by one item, so the bits do not
 // depend on the thread count.
+// AVX2 path (awq_gemm_cpu_avx2.h): CPUs with AVX2 + FMA + F16C but not the AVX-512 path's
+// BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the tile path's), summed
+// in the order of the portable path the shape selects; x widened to fp32 once (exact).
+template <awq_cpu::Dtype D>
+void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
+  const bool lut_order = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups);
+  std::vector<float> xbuf;
+  if (xf == nullptr) {  // bf16: the widening is exact
+    xbuf.resize(pb.size_m * pb.size_k);
+    for (int64_t m = 0; m < pb.size_m; ++m)
+      for (int64_t k = 0; k < pb.size_k; ++k)
+        xbuf[m * pb.size_k + k] = awq_cpu::bf16_to_float(pb.x[m * pb.ldx + k]);
+    xf = xbuf.data();
+  }
+  const int64_t chunk_cols = awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
+  const int64_t chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  const int64_t floats = awq_cpu::avx2_scratch_floats(pb.size_m, awq_cpu::avx2_lanes<D>(lut_order));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    float* scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+      awq_cpu::chunk_avx2<D>(pb, xf, n0, n1, lut_order, scratch);
+    }
+    std::free(scratch);
+  });
+}
+
 template <awq_cpu::Dtype D>
 void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
-  const bool simd = cpu_isa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
+  const Isa isa = cpu_isa();
+  const bool simd = isa == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
                     __builtin_cpu_supports("avx512vbmi");
+  if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, xf);
   const bool lut = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups);
   // Work items: (column chunk, block of rows of x).
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
