@@ -19,7 +19,7 @@ namespace w4k {
 namespace {
 
 // The many-rows route: w [K, N] = T((q - z) * s) decoded on the work queue (items: 64-column
-// chunk x 64 k-tiles), a gathered by perm for act-order (also on the queue), then
+// 64 rows x N), a gathered by perm for act-order (also on the queue), then
 // at::addmm(bias, a, w) / at::mm(a, w). torch's half GEMM accumulates in fp32 and adds the bias
 // in fp32 before its one rounding to T (tests/test_w4a16_gemm_dense.py checks both), which is
 // the grouped contract up to summation order.
@@ -43,17 +43,22 @@ at::Tensor w4a16_gemm_cpu_dense(const at::Tensor& a, const at::Tensor& b_q_weigh
   p.num_groups = args.num_groups;
   p.group_size = args.group_size;
   p.weight_type = type;
-  at::Tensor w = at::empty({size_k, size_n}, a.options());
+  // The dense weight's buffer is kept per calling thread and reused (grown when a larger layer
+  // comes): a fresh K x N allocation would be new pages from the OS on every call, and their
+  // first-touch faults cost as much as the decode. It holds 2 K N bytes of the largest layer.
+  thread_local at::Tensor w_cache;
+  if (!w_cache.defined() || w_cache.numel() < size_k * size_n ||
+      w_cache.scalar_type() != a.scalar_type())
+    w_cache = at::empty({size_k * size_n}, a.options());
+  at::Tensor w = w_cache.narrow(0, 0, size_k * size_n).view({size_k, size_n});
   uint16_t* w_bits = reinterpret_cast<uint16_t*>(w.data_ptr());
-  constexpr int64_t kTilesPerItem = 64;  // 1024 rows x 64 columns: 128 KiB of T per item
-  const int64_t num_chunks = size_n / 64, num_tiles = size_k / 16;
-  const int64_t tile_items = (num_tiles + kTilesPerItem - 1) / kTilesPerItem;
-  cpu::WorkQueue::instance().run(num_chunks * tile_items, static_cast<int>(threads),
-                                 [&](int64_t item) {
-    const int64_t ch = item / tile_items, kt0 = item % tile_items * kTilesPerItem;
-    std::vector<float> sc(p.num_groups * 64), zf(args.has_zp ? p.num_groups * 64 : 0);
-    cpu::dequant_chunk_to_half(p, ch, kt0, std::min(num_tiles, kt0 + kTilesPerItem), isa,
-                               sc.data(), zf.data(), w_bits, size_n);
+  constexpr int64_t kTilesPerItem = 4;  // 64 rows x N columns per item
+  const int64_t num_tiles = size_k / 16;
+  cpu::WorkQueue::instance().run((num_tiles + kTilesPerItem - 1) / kTilesPerItem,
+                                 static_cast<int>(threads), [&](int64_t item) {
+    const int64_t kt0 = item * kTilesPerItem;
+    cpu::dequant_rows_to_half(p, kt0, std::min(num_tiles, kt0 + kTilesPerItem), isa, w_bits,
+                              size_n);
   });
   at::Tensor a_rows = a;  // [M, K] view, unit stride along K (checked)
   if (args.has_act_order) {
