@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -23,12 +24,15 @@
 namespace w4k::cpu {
 
 // Rows M from which w4a16_gemm (G > 1) dequantizes once and calls torch's matmul instead of
-// running the kernel: the dense bf16 / fp16 GEMM (oneDNN, fp32 accumulation) then beats the
-// kernel's re-dequantization per row block. Measured with benchmarks/bench_w4a16_cpu.py (README
-// "CPU w4a16_gemm"). Overridden per call by W4K_W4A16_DEQUANT_THRESHOLD (a non-negative
-// integer; 0 sends every M to the dense route, a huge value none); unparsable -> the default.
-constexpr int64_t kW4a16DequantThresholdBf16 = 64;
-constexpr int64_t kW4a16DequantThresholdFp16 = 64;
+// running the kernel. Measured with `benchmarks/bench_w4a16_cpu.py --routes` (README "CPU
+// w4a16_gemm", dispatch by M): bf16, the dense route (oneDNN's bf16 GEMM plus the decode) is
+// ahead on most shapes from M = 512 and behind on every shape up to M = 128; fp16 never: this
+// CPU has no AVX512-FP16, torch's fp16 GEMM ran 4x slower than the kernel at M = 512 (and 700x
+// slower with the weight as [K, N]), so fp16 stays on the kernel unless forced. Overridden per
+// call by W4K_W4A16_DEQUANT_THRESHOLD (a non-negative integer, both dtypes; 0 sends every M to
+// the dense route); unset or unparsable -> these defaults.
+constexpr int64_t kW4a16DequantThresholdBf16 = 512;
+constexpr int64_t kW4a16DequantThresholdFp16 = INT64_MAX;
 
 inline int64_t w4a16_gemm_dequant_threshold(HalfType type) {
   if (const char* v = std::getenv("W4K_W4A16_DEQUANT_THRESHOLD")) {
