@@ -18,7 +18,7 @@ ENV = "W4K_W4A16_DEQUANT_THRESHOLD"
 DENSE = "0"            # every M takes the dense route (grouped)
 KERNEL = str(1 << 40)  # no M does
 # The op's default (kW4a16DequantThreshold* in csrc/cpu/w4a16_gemm_dequant.h).
-DEFAULT_THRESHOLD = {torch.bfloat16: 512, torch.float16: None}  # fp16: never
+DEFAULT_THRESHOLD = {torch.bfloat16: 256, torch.float16: None}  # fp16: never
 DTYPES = [torch.float16, torch.bfloat16]
 
 # (group, act_order, zero points, bias): every grouped scale mode, act-order (k_full and a
