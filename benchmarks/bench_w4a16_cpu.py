@@ -16,6 +16,12 @@ Probe: numpy sums over 128 MiB fp32 arrays split across torch's thread count, ro
 read bandwidth the machine gives right now. Every operand is rotated over enough copies to exceed the 32 MiB L3
 twice, so each call streams its weight from DRAM as in a model.
 
+``--routes`` times every variant twice, on the kernel and on the dense route (dequantize once
++ torch's matmul; ``W4K_W4A16_DEQUANT_THRESHOLD`` forced per call), and prints per (shape,
+variant) the ratio dense / kernel at each M and the rule: the smallest M from which the dense
+route is faster on most rows at every larger M (the op's default threshold comes from it; the
+header prints the op's current rule).
+
 ``--background-load P`` starts P busy processes (pure Python loops) and measures every row
 twice, quiet and then under that load, printing the slowdown of ``gptq`` and of ``lin16``
 (issue 9, item 7: our op must not slow down more than torch's own under load). The machine may
@@ -23,7 +29,7 @@ be shared: the header prints the load average; read medians against the same-run
 
     PYTHONPATH=$PWD/python python benchmarks/bench_w4a16_cpu.py [--dtype bf16|fp16]
         [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008] [--threads 2]
-        [--repeats 15] [--background-load 2]
+        [--repeats 15] [--background-load 2] [--routes --ms 16,32,64,128,256,512]
 """
 
 import argparse
@@ -41,6 +47,8 @@ from w4kernels import reference as R
 
 L3_BYTES = 32 << 20
 ENV_THRESHOLD = "W4K_W4A16_DEQUANT_THRESHOLD"
+# The op's defaults (kW4a16DequantThreshold* in csrc/cpu/w4a16_gemm_dequant.h).
+OP_DEFAULT_THRESHOLD = {"bf16": 256, "fp16": "never (fp16 stays on the kernel)"}
 
 
 def print_rule(rule):
@@ -181,6 +189,9 @@ def main():
           f"avx512_bf16={'avx512_bf16' in flags} W4K_CPU_ISA={os.environ.get('W4K_CPU_ISA')} "
           f"loadavg={os.getloadavg()[0]:.1f} probe={probe:.1f} GB/s "
           f"peak={args.peak_tflops} TFLOP/s background_load={args.background_load}")
+    print(f"op's dispatch rule: dense route (dequantize once + torch matmul) for grouped weights "
+          f"from M = {OP_DEFAULT_THRESHOLD[args.dtype]} ({ENV_THRESHOLD}="
+          f"{os.environ.get(ENV_THRESHOLD, 'unset')}; --routes measures both sides)")
     head = (f"{'N':>6} {'K':>6} {'M':>4} | " + " ".join(f"{v:>7}" for v in variants) +
             f" | {'lin16':>7} {'lin32':>7} | {'GB/s':>6} {'%bw':>4} {'GFLOP/s':>7} {'%pk':>4}"
             f" {'x lin16':>7}")

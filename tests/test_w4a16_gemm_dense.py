@@ -184,3 +184,17 @@ def test_a_with_row_stride_dense(monkeypatch):
         with monkeypatch.context() as mp:
             mp.setenv(ENV, DENSE)
             check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_dense_decode_portable_and_avx512_agree(monkeypatch, dtype):
+    """The portable decode (W4K_CPU_ISA=scalar) and the AVX-512 one write the same dense weight,
+    so the dense route gives the same bits on both (act-order, zero points, bias)."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(40, 1040, 192, 80, dtype, "k_full", zp=True, bias=True, seed=4)
+    fast = _run(monkeypatch, b, case, DENSE)
+    with monkeypatch.context() as mp:
+        mp.setenv("W4K_CPU_ISA", "scalar")
+        portable = _run(mp, b, case, DENSE)
+    assert golden.same_bits(fast, portable)
+    check_against_reference(b, case)
