@@ -16,6 +16,12 @@ Probe: numpy sums over 128 MiB fp32 arrays split across torch's thread count, ro
 read bandwidth the machine gives right now. Every operand is rotated over enough copies to exceed the 32 MiB L3
 twice, so each call streams its weight from DRAM as in a model.
 
+``--routes`` times every variant twice, on the kernel and on the dense route (dequantize once
++ torch's matmul; ``W4K_W4A16_DEQUANT_THRESHOLD`` forced per call), and prints per (shape,
+variant) the ratio dense / kernel at each M and the rule: the smallest M from which the dense
+route is faster on most rows at every larger M (the op's default threshold comes from it; the
+header prints the op's current rule).
+
 ``--background-load P`` starts P busy processes (pure Python loops) and measures every row
 twice, quiet and then under that load, printing the slowdown of ``gptq`` and of ``lin16``
 (issue 9, item 7: our op must not slow down more than torch's own under load). The machine may
@@ -23,7 +29,7 @@ be shared: the header prints the load average; read medians against the same-run
 
     PYTHONPATH=$PWD/python python benchmarks/bench_w4a16_cpu.py [--dtype bf16|fp16]
         [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008] [--threads 2]
-        [--repeats 15] [--background-load 2]
+        [--repeats 15] [--background-load 2] [--routes --ms 16,32,64,128,256,512]
 """
 
 import argparse
@@ -40,6 +46,30 @@ import w4kernels
 from w4kernels import reference as R
 
 L3_BYTES = 32 << 20
+ENV_THRESHOLD = "W4K_W4A16_DEQUANT_THRESHOLD"
+# The op's defaults (kW4a16DequantThreshold* in csrc/cpu/w4a16_gemm_dequant.h).
+OP_DEFAULT_THRESHOLD = {"bf16": 256, "fp16": "never (fp16 stays on the kernel)"}
+
+
+def print_rule(rule):
+    """Per (shape, variant): the time ratio dense route / kernel at each M, and the smallest M
+    from which the dense route is faster at every measured M (the op's threshold)."""
+    print(f"dispatch rule ({ENV_THRESHOLD}; ratio = dequantize once + matmul / kernel, < 1: "
+          "dense faster):")
+    for (size_n, size_k, v), rows in rule.items():
+        first = next((m for i, (m, _) in enumerate(rows)
+                      if all(r < 1 for _, r in rows[i:])), None)
+        ratios = " ".join(f"M={m}:{r:.2f}" for m, r in rows)
+        print(f"  {size_n}x{size_k} {v:>5}: {ratios}  -> dense from M = {first}")
+    ms = sorted({m for rows in rule.values() for m, _ in rows})
+
+    def wins(m):  # rows (shape, variant) where the dense route is faster at M = m
+        return sum(1 for rows in rule.values() for mm, r in rows if mm == m and r < 1)
+
+    majority = next((m for i, m in enumerate(ms)
+                     if all(2 * wins(x) > len(rule) for x in ms[i:])), None)
+    print(f"  rule: dense route from M = {majority} (the smallest M from which it is faster on "
+          f"most rows at every larger measured M; None: not within the measured M)")
 
 
 def copies_for(nbytes, minimum=2):
@@ -135,6 +165,10 @@ def main():
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 F.linear baseline")
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also measure every row while P busy processes run")
+    ap.add_argument("--routes", action="store_true",
+                    help="time every variant on both routes (kernel: W4K_W4A16_DEQUANT_THRESHOLD "
+                         "huge; dense: 0, dequantize once + torch matmul) and print the measured "
+                         "dispatch rule")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -142,6 +176,8 @@ def main():
     ms = [int(m) for m in args.ms.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     variants = args.variants.split(",")
+    if args.routes:
+        variants = [f"{v}:{r}" for v in variants for r in ("kern", "deq")]
     gen = torch.Generator().manual_seed(0)
     op = torch.ops.w4kernels.w4a16_gemm
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
@@ -153,15 +189,21 @@ def main():
           f"avx512_bf16={'avx512_bf16' in flags} W4K_CPU_ISA={os.environ.get('W4K_CPU_ISA')} "
           f"loadavg={os.getloadavg()[0]:.1f} probe={probe:.1f} GB/s "
           f"peak={args.peak_tflops} TFLOP/s background_load={args.background_load}")
+    print(f"op's dispatch rule: dense route (dequantize once + torch matmul) for grouped weights "
+          f"from M = {OP_DEFAULT_THRESHOLD[args.dtype]} ({ENV_THRESHOLD}="
+          f"{os.environ.get(ENV_THRESHOLD, 'unset')}; --routes measures both sides)")
     head = (f"{'N':>6} {'K':>6} {'M':>4} | " + " ".join(f"{v:>7}" for v in variants) +
             f" | {'lin16':>7} {'lin32':>7} | {'GB/s':>6} {'%bw':>4} {'GFLOP/s':>7} {'%pk':>4}"
             f" {'x lin16':>7}")
     if args.background_load:
         head += f" | {'gptq@load':>9} {'slow':>5} {'lin16@load':>10} {'slow':>5}"
     print(head + "   (times: ms, medians)")
+    rule = {}
     for size_n, size_k in shapes:
         n_q = copies_for(size_k * size_n // 2)
-        weights = {v: make_weights(size_k, size_n, v, dtype, gen, n_q) for v in variants}
+        base = {v.split(":")[0] for v in variants}
+        base = {b: make_weights(size_k, size_n, b, dtype, gen, n_q) for b in sorted(base)}
+        weights = {v: base[v.split(":")[0]] for v in variants}
         dense = weights[variants[0]][1]
         w16 = [dense.clone() for _ in range(copies_for(2 * size_k * size_n))]
         w32 = [] if args.no_fp32 else [dense.float() for _ in range(copies_for(4 * size_k * size_n))]
@@ -173,8 +215,22 @@ def main():
             def run(bq, bs, bz, gi, pm):
                 return op(a, bq, bs, bz, gi, pm, ws, 4, m, size_n, size_k, True, None, True)
 
+            def timed(v):
+                # the op reads W4K_W4A16_DEQUANT_THRESHOLD on every call
+                route = v.split(":")[1] if ":" in v else None
+                old = os.environ.get(ENV_THRESHOLD)
+                if route:
+                    os.environ[ENV_THRESHOLD] = "0" if route == "deq" else str(1 << 62)
+                try:
+                    return timeit(run, weights[v][0], args.repeats)
+                finally:
+                    if route:
+                        os.environ.pop(ENV_THRESHOLD, None)
+                        if old is not None:
+                            os.environ[ENV_THRESHOLD] = old
+
             def measure():
-                t = {v: timeit(run, weights[v][0], args.repeats) for v in variants}
+                t = {v: timed(v) for v in variants}
                 t["lin16"] = timeit(lambda w: F.linear(a, w), [(w,) for w in w16], args.repeats)
                 t["lin32"] = (timeit(lambda w: F.linear(a32, w), [(w,) for w in w32],
                                      args.repeats) if w32 else float("nan"))
@@ -195,6 +251,12 @@ def main():
                 line += (f" | {tl[variants[0]] * 1e3:9.3f} {tl[variants[0]] / ref:5.1f} "
                          f"{tl['lin16'] * 1e3:10.3f} {tl['lin16'] / t['lin16']:5.1f}")
             print(line, flush=True)
+            for v in variants:
+                if v.endswith(":kern"):
+                    rule.setdefault((size_n, size_k, v[:-5]), []).append(
+                        (m, t[v[:-5] + ":deq"] / t[v]))
+    if rule:
+        print_rule(rule)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,70 @@
 #include <vector>
 
 #include "cpu/w4a16_gemm_convert.h"
+#include "cpu/w4a16_gemm_dequant.h"
 #include "cpu/w4a16_gemm_kernel.h"
 #include "cpu/w4a16_gemm_work_queue.h"
 #include "w4a16_checks.h"
 
 namespace w4k {
 namespace {
+
+// The many-rows route: w [K, N] = T((q - z) * s) decoded on the work queue (items: 64-column
+// 64 rows x N), a gathered by perm for act-order (also on the queue), then
+// at::addmm(bias, a, w) / at::mm(a, w). torch's half GEMM accumulates in fp32 and adds the bias
+// in fp32 before its one rounding to T (tests/test_w4a16_gemm_dense.py checks both), which is
+// the grouped contract up to summation order.
+at::Tensor w4a16_gemm_cpu_dense(const at::Tensor& a, const at::Tensor& b_q_weight,
+                                const at::Tensor& b_scales,
+                                const std::optional<at::Tensor>& b_zeros,
+                                const std::optional<at::Tensor>& g_idx,
+                                const std::optional<at::Tensor>& perm,
+                                const std::optional<at::Tensor>& b_bias,
+                                const W4a16GemmArgs& args, int64_t size_m, int64_t size_n,
+                                int64_t size_k, cpu::HalfType type, cpu::CpuIsa isa,
+                                int64_t threads) {
+  cpu::W4a16GemmProblem p{};
+  p.b_q_weight = b_q_weight.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
+  p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
+  p.g_idx = args.has_act_order ? g_idx->data_ptr<int32_t>() : nullptr;
+  p.size_m = size_m;
+  p.size_n = size_n;
+  p.size_k = size_k;
+  p.num_groups = args.num_groups;
+  p.group_size = args.group_size;
+  p.weight_type = type;
+  // The dense weight's buffer is kept per calling thread and reused (grown when a larger layer
+  // comes): a fresh K x N allocation would be new pages from the OS on every call, and their
+  // first-touch faults cost as much as the decode. It holds 2 K N bytes of the largest layer.
+  thread_local at::Tensor w_cache;
+  if (!w_cache.defined() || w_cache.numel() < size_k * size_n ||
+      w_cache.scalar_type() != a.scalar_type())
+    w_cache = at::empty({size_k * size_n}, a.options());
+  at::Tensor w = w_cache.narrow(0, 0, size_k * size_n).view({size_k, size_n});
+  uint16_t* w_bits = reinterpret_cast<uint16_t*>(w.data_ptr());
+  constexpr int64_t kTilesPerItem = 4;  // 64 rows x N columns per item
+  const int64_t num_tiles = size_k / 16;
+  cpu::WorkQueue::instance().run((num_tiles + kTilesPerItem - 1) / kTilesPerItem,
+                                 static_cast<int>(threads), [&](int64_t item) {
+    const int64_t kt0 = item * kTilesPerItem;
+    cpu::dequant_rows_to_half(p, kt0, std::min(num_tiles, kt0 + kTilesPerItem), isa, w_bits,
+                              size_n);
+  });
+  at::Tensor a_rows = a;  // [M, K] view, unit stride along K (checked)
+  if (args.has_act_order) {
+    // a_rows[:, r] = a[:, perm[r]]: the Marlin row order of w.
+    a_rows = at::empty({size_m, size_k}, a.options());
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(a.data_ptr());
+    uint16_t* dst = reinterpret_cast<uint16_t*>(a_rows.data_ptr());
+    const int32_t* perm_ptr = perm->data_ptr<int32_t>();
+    const int64_t lda = a.stride(0);
+    cpu::WorkQueue::instance().run(size_m, static_cast<int>(threads), [&](int64_t m) {
+      for (int64_t r = 0; r < size_k; ++r) dst[m * size_k + r] = src[m * lda + perm_ptr[r]];
+    });
+  }
+  return args.has_bias ? at::addmm(*b_bias, a_rows, w) : at::mm(a_rows, w);
+}
 
 at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                           const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
@@ -41,6 +99,13 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
       a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
   const cpu::CpuIsa isa = cpu::w4a16_gemm_cpu_isa();
   const bool avx512 = isa != cpu::CpuIsa::kGeneric;
+  const int64_t threads = at::get_num_threads();
+  // Many rows, grouped: dequantize once + torch's matmul (cpu/w4a16_gemm_dequant.h).
+  // Per-channel stays on the kernel: its contract scales the fp32 sum, and torch has no CPU
+  // matmul of half inputs with an fp32 result to keep that sum (aten::mm.dtype is CUDA-only).
+  if (args.num_groups > 1 && size_m >= cpu::w4a16_gemm_dequant_threshold(type))
+    return w4a16_gemm_cpu_dense(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_bias, args,
+                                size_m, size_n, size_k, type, isa, threads);
   const int64_t lda = size_k + 16;
   at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat));
   // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
@@ -53,7 +118,6 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
   at::Tensor c32 = at::empty({size_m, size_n}, a.options().dtype(at::kFloat));
   at::Tensor out = at::empty({size_m, size_n}, a.options());
-  const int64_t threads = at::get_num_threads();
   const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
   const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;
   const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
