@@ -18,6 +18,26 @@
 namespace w4k {
 namespace {
 
+// The kernel problem's weight side (the activations, bias and output are each route's own).
+cpu::W4a16GemmProblem weight_problem(const at::Tensor& b_q_weight, const at::Tensor& b_scales,
+                                     const std::optional<at::Tensor>& b_zeros,
+                                     const std::optional<at::Tensor>& g_idx,
+                                     const W4a16GemmArgs& args, int64_t size_m, int64_t size_n,
+                                     int64_t size_k, cpu::HalfType type) {
+  cpu::W4a16GemmProblem p{};
+  p.b_q_weight = b_q_weight.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
+  p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
+  p.g_idx = args.has_act_order ? g_idx->data_ptr<int32_t>() : nullptr;
+  p.size_m = size_m;
+  p.size_n = size_n;
+  p.size_k = size_k;
+  p.num_groups = args.num_groups;
+  p.group_size = args.group_size;
+  p.weight_type = type;
+  return p;
+}
+
 // The many-rows route: w [K, N] = T((q - z) * s) decoded on the work queue (items: 64-column
 // 64 rows x N), a gathered by perm for act-order (also on the queue), then
 // at::addmm(bias, a, w) / at::mm(a, w). torch's half GEMM accumulates in fp32 and adds the bias
@@ -32,17 +52,8 @@ at::Tensor w4a16_gemm_cpu_dense(const at::Tensor& a, const at::Tensor& b_q_weigh
                                 const W4a16GemmArgs& args, int64_t size_m, int64_t size_n,
                                 int64_t size_k, cpu::HalfType type, cpu::CpuIsa isa,
                                 int64_t threads) {
-  cpu::W4a16GemmProblem p{};
-  p.b_q_weight = b_q_weight.data_ptr<int32_t>();
-  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
-  p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
-  p.g_idx = args.has_act_order ? g_idx->data_ptr<int32_t>() : nullptr;
-  p.size_m = size_m;
-  p.size_n = size_n;
-  p.size_k = size_k;
-  p.num_groups = args.num_groups;
-  p.group_size = args.group_size;
-  p.weight_type = type;
+  const cpu::W4a16GemmProblem p =
+      weight_problem(b_q_weight, b_scales, b_zeros, g_idx, args, size_m, size_n, size_k, type);
   // The dense weight's buffer is kept per calling thread and reused (grown when a larger layer
   // comes): a fresh K x N allocation would be new pages from the OS on every call, and their
   // first-touch faults cost as much as the decode. It holds 2 K N bytes of the largest layer.
@@ -133,25 +144,16 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                          gathered.data());
   });
 
-  cpu::W4a16GemmProblem p{};
+  cpu::W4a16GemmProblem p =
+      weight_problem(b_q_weight, b_scales, b_zeros, g_idx, args, size_m, size_n, size_k, type);
   p.a = a32.data_ptr<float>();
   p.lda = lda;
   if (a_bf16.defined()) {
     p.a_bf16 = reinterpret_cast<const uint16_t*>(a_bf16.data_ptr<at::BFloat16>());
     p.lda_bf16 = lda_bf16;
   }
-  p.b_q_weight = b_q_weight.data_ptr<int32_t>();
-  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
-  p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
-  p.g_idx = args.has_act_order ? g_idx->data_ptr<int32_t>() : nullptr;
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
   p.c = c32.data_ptr<float>();
-  p.size_m = size_m;
-  p.size_n = size_n;
-  p.size_k = size_k;
-  p.num_groups = args.num_groups;
-  p.group_size = args.group_size;
-  p.weight_type = type;
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
