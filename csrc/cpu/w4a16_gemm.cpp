@@ -109,7 +109,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const cpu::HalfType type =
       a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
   const cpu::CpuIsa isa = cpu::w4a16_gemm_cpu_isa();
-  const bool avx512 = isa != cpu::CpuIsa::kGeneric;
+  const bool avx512 = cpu::is_avx512(isa);
   const int64_t threads = at::get_num_threads();
   // Many rows, grouped: dequantize once + torch's matmul (cpu/w4a16_gemm_dequant.h).
   // Per-channel stays on the kernel: its contract scales the fp32 sum, and torch has no CPU

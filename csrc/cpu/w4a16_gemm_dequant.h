@@ -90,7 +90,7 @@ inline void dequant_rows_to_half(const W4a16GemmProblem& p, int64_t kt0, int64_t
   const MarlinChunkTables& tb = chunk_tables();
   const bool has_zp = p.zeros != nullptr;
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  const bool avx512 = isa != CpuIsa::kGeneric;
+  const bool avx512 = is_avx512(isa);
   const int64_t r0 = 16 * kt0, r1 = 16 * kt1;
   auto group_of = [&](int64_t r) { return p.g_idx ? p.g_idx[r] : r / p.group_size; };
   int64_t g0 = group_of(r0), g1 = g0;

@@ -18,7 +18,8 @@
 // un-permuted when the chunk is written out. Few rows (AVX-512): per-column lookup tables.
 //
 // Files: w4a16_gemm_layout.h (problem, Marlin index tables, scalar rounding),
-// w4a16_gemm_avx512.h (the AVX-512 paths), this file (portable path, CPU dispatch, driver).
+// w4a16_gemm_avx512.h (the AVX-512 paths), w4a16_gemm_avx2.h (the portable path vectorized,
+// same bits), this file (portable path, CPU dispatch, driver).
 #pragma once
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/w4a16_gemm_avx2.h"
 #include "cpu/w4a16_gemm_avx512.h"
 #include "cpu/w4a16_gemm_decode_avx512.h"
 #include "cpu/w4a16_gemm_layout.h"
@@ -66,11 +68,14 @@ inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_
 
 // ---- driver ------------------------------------------------------------------------------------
 
-enum class CpuIsa { kGeneric, kAvx512, kAvx512Bf16 };
+enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16 };
 
-// The best path this CPU has, after the project-wide cap W4K_CPU_ISA (cpu/isa.h: "scalar" or
-// "avx2" select the portable path here, there is no AVX2 variant). W4K_W4A16_DPBF16=0 also
-// turns off the AVX512-BF16 dot products, so tests can run every path on one machine.
+inline bool is_avx512(CpuIsa isa) { return isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16; }
+
+// The best path this CPU has, after the project-wide cap W4K_CPU_ISA (cpu/isa.h: "scalar"
+// selects the portable path, "avx2" (or a CPU with AVX2 + FMA + F16C but not the AVX-512 set
+// of cpu/isa.h) its AVX2 twin, which gives the same bits). W4K_W4A16_DPBF16=0 also turns off
+// the AVX512-BF16 dot products, so tests can run every path on one machine.
 inline CpuIsa w4a16_gemm_cpu_isa() {
 #ifdef W4K_HAVE_AVX512_PATH
   if (cpu_isa() == Isa::kAvx512) {
@@ -79,6 +84,9 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
     return __builtin_cpu_supports("avx512bf16") && !no_dot ? CpuIsa::kAvx512Bf16
                                                           : CpuIsa::kAvx512;
   }
+#endif
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+  if (cpu_isa() >= Isa::kAvx2) return CpuIsa::kAvx2;
 #endif
   return CpuIsa::kGeneric;
 }
@@ -116,7 +124,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   float* chan_scale = p.num_groups == 1 ? chan_scale_buf : nullptr;  // per-channel epilogue
   const float* srow[16];
   const float* zrow[16];
-  const bool avx512 = isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16;
+  const bool avx512 = is_avx512(isa);
+  const bool avx2 = isa == CpuIsa::kAvx2;
   // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
   const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
                           p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
@@ -160,7 +169,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
   (void)use_lut;
   (void)use_pairs;
-  (void)use_dpbf16;  // all unused when the AVX-512 paths are compiled out
+  (void)use_dpbf16;
+  (void)avx2;  // all unused when the AVX-512 paths are compiled out
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
 #ifdef W4K_HAVE_AVX512_PATH
@@ -202,6 +212,16 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
           continue;
         }
 #endif
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+        if (avx2) {
+          const bool fp16 = p.weight_type == HalfType::kFloat16;
+          if (has_zp && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, w_tile);
+          else if (has_zp) dequant_tile_avx2<true, false>(words, srow, zrow, w_tile);
+          else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, w_tile);
+          else dequant_tile_avx2<false, false>(words, srow, zrow, w_tile);
+          continue;
+        }
+#endif
         dequant_tile_generic(words, srow, has_zp ? zrow : nullptr, p.weight_type, w_tile);
       }
       const float* a_block = p.a + m0 * p.lda + kb;
@@ -214,6 +234,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
       if (avx512) {
         micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+        continue;
+      }
+#endif
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+      if (avx2) {
+        micro_avx2_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
         continue;
       }
 #endif

@@ -1,0 +1,118 @@
+// AVX2 (+FMA, F16C) path of the CPU w4a16_gemm: the portable blocked loop of
+// w4a16_gemm_kernel.h (dequant_tile_generic + micro_generic) vectorized across output columns,
+// with the same arithmetic per output element, so it gives the portable path's bits:
+// * weights: w = T((q - z) * s), the product exact in fp32, then ONE round-to-nearest-even
+//   (fp16: vcvtps2ph, which rounds as round_to_fp16 does, subnormals and overflow included;
+//   bf16: the integer rounding of round_to_bf16, NaN passed through unchanged as it does);
+// * sums: acc[i][x] += a[i][k] * w[k][x] for k = 0, 1, ..., K - 1 in order, the product rounded
+//   to fp32, then the sum (vmulps + vaddps, as the portable loop, compiled without FMA). The
+//   product has at most 22 significant bits, but for bf16 it can underflow or overflow fp32,
+//   and there an FMA would differ from the portable bits. So the functions here are compiled
+//   for avx2 + f16c WITHOUT fma: GCC contracts mul + add into an FMA wherever FMA is enabled,
+//   even on intrinsics. (On AMD Zen the multiply and the add run on separate pipes, so the
+//   split costs little there.) The path is still selected only where cpu/isa.h finds FMA too.
+// The epilogue stays the shared scalar epilogue() of w4a16_gemm_layout.h.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/w4a16_gemm_layout.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(W4K_NO_AVX512)
+#define W4K_HAVE_AVX2_W4A16_PATH 1
+#include <immintrin.h>
+
+namespace w4k::cpu {
+
+#define W4K_W4A16_AVX2 __attribute__((target("avx2,f16c")))  // no fma: see the top
+
+// One k-tile (16 rows) of chunk words -> wbuf[16][64] (wbuf column order, as
+// dequant_tile_generic). A 256-bit vector of the words at 16c + 4t + j, c = 4cg + 2h + (0, 1),
+// j = 0..3 (two 4-word runs) holds, in nibble e of lane 4 (c - 4cg - 2h) + j, the weight of
+// row 2t + (e >> 2) + 8 (e & 1) and wbuf column 16 (2cg + ((e >> 1) & 1)) + 8h + lane
+// (MarlinChunkTables: x = 16q + 4cl + j with cl = c - 4cg), so each nibble position of the
+// vector is 8 consecutive wbuf columns of one row.
+template <bool kZp, bool kFp16>
+W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* srow,
+                                      const float* const* zrow, float* wbuf) {
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  const __m256 eight = _mm256_set1_ps(8.0f);
+  for (int cg = 0; cg < 2; ++cg) {
+    for (int h = 0; h < 2; ++h) {
+      const int32_t* wc = words + 16 * (4 * cg + 2 * h);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const __m256i v = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(wc + 16 + 4 * t),
+                                              reinterpret_cast<const __m128i*>(wc + 4 * t));
+#pragma GCC unroll 8
+        for (int e = 0; e < 8; ++e) {
+          const int row = 2 * t + (e >> 2) + 8 * (e & 1);
+          const int x0 = 16 * (2 * cg + ((e >> 1) & 1)) + 8 * h;
+          __m256 w = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * e), low4));
+          w = _mm256_sub_ps(w, kZp ? _mm256_loadu_ps(zrow[row] + x0) : eight);
+          w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
+          if (kFp16) {
+            w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+          } else {  // round_to_bf16: RNE on the bits, a NaN kept as it is
+            const __m256i b = _mm256_castps_si256(w);
+            const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+            const __m256i r = _mm256_and_si256(
+                _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+            w = _mm256_blendv_ps(_mm256_castsi256_ps(r), w, _mm256_cmp_ps(w, w, _CMP_UNORD_Q));
+          }
+          _mm256_storeu_ps(wbuf + row * 64 + x0, w);
+        }
+      }
+    }
+  }
+}
+
+// acc[i][c0 .. c0 + 15] += a[i][k] * wbuf[k][c0 .. c0 + 15], k = 0 .. kc - 1 in order, for MR
+// rows: 2 MR accumulators + 2 weight vectors + 1 broadcast (MR = 6: 15 of 16 ymm registers).
+template <int MR>
+W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, int64_t kc,
+                               float* acc, int c0) {
+  __m256 c[MR][2];
+  for (int i = 0; i < MR; ++i) {
+    c[i][0] = _mm256_loadu_ps(acc + i * 64 + c0);
+    c[i][1] = _mm256_loadu_ps(acc + i * 64 + c0 + 8);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(wbuf + k * 64 + c0);
+    const __m256 w1 = _mm256_loadu_ps(wbuf + k * 64 + c0 + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 av = _mm256_broadcast_ss(a + i * lda + k);
+      c[i][0] = _mm256_add_ps(c[i][0], _mm256_mul_ps(av, w0));  // no FMA: see the top
+      c[i][1] = _mm256_add_ps(c[i][1], _mm256_mul_ps(av, w1));
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(acc + i * 64 + c0, c[i][0]);
+    _mm256_storeu_ps(acc + i * 64 + c0 + 8, c[i][1]);
+  }
+}
+
+// micro_generic's contract for any number of rows: tiles of 6 rows x 16 columns.
+W4K_W4A16_AVX2 inline void micro_avx2_rows(const float* a, int64_t lda, const float* wbuf,
+                                           int64_t kc, float* acc, int64_t rows) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 6) {
+    const float* a_i = a + i0 * lda;
+    float* acc_i = acc + i0 * 64;
+    for (int c0 = 0; c0 < 64; c0 += 16) {
+      switch (rows - i0 >= 6 ? 6 : rows - i0) {
+        case 6: micro_avx2<6>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 5: micro_avx2<5>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 4: micro_avx2<4>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 3: micro_avx2<3>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 2: micro_avx2<2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        default: micro_avx2<1>(a_i, lda, wbuf, kc, acc_i, c0); break;
+      }
+    }
+  }
+}
+
+}  // namespace w4k::cpu
+
+#endif  // x86-64 GCC/clang
