@@ -208,7 +208,8 @@ def test_llama_mlp_shape(backend, dtype, variant, m):
                                          zp=variant == "awq", seed=11))
 
 
-CAPS = {"scalar": ("W4K_CPU_ISA", "scalar"), "avx512-no-bf16-dot": ("W4K_W4A16_DPBF16", "0")}
+CAPS = {"scalar": ("W4K_CPU_ISA", "scalar"), "avx2": ("W4K_CPU_ISA", "avx2"),
+        "avx512-no-bf16-dot": ("W4K_W4A16_DPBF16", "0")}
 
 
 @pytest.mark.parametrize("m", [1, 5, 33])
@@ -216,8 +217,9 @@ CAPS = {"scalar": ("W4K_CPU_ISA", "scalar"), "avx512-no-bf16-dot": ("W4K_W4A16_D
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("cap", list(CAPS))
 def test_capped_isa(monkeypatch, cap, dtype, config, m):
-    """The kernel paths a machine without AVX-512 (W4K_CPU_ISA=scalar: portable C++) or without
-    AVX512-BF16 (fp32 FMAs for bf16 too) would run."""
+    """The kernel paths a machine without AVX-512 (W4K_CPU_ISA=avx2: the AVX2 twin of the
+    portable C++; W4K_CPU_ISA=scalar: the portable C++) or without AVX512-BF16 (fp32 FMAs for
+    bf16 too) would run."""
     b = backend_or_skip("cpu", OP)
     monkeypatch.setenv(*CAPS[cap])
     args = {"g64": (64, None, False, False), "g-1_zp_bias": (-1, None, True, True),
