@@ -24,8 +24,8 @@ rows the ratio to the fastest competitor of the same arithmetic (>1: we are fast
 (torch bf16, torch int4, ORT level 0) or int8 (ORT level 4). Then the dispatch rule: the
 smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
 
-``--isa avx2,scalar`` adds ``awq_gemm`` rows run with ``W4K_CPU_ISA`` capped to each value
-(the AVX2 path and the portable code on this machine), timed in the same run.
+``--isa avx2,scalar`` adds ``awq_gemm`` and ``w4a16`` rows run with ``W4K_CPU_ISA`` capped to
+each value (the AVX2 paths and the portable code on this machine), timed in the same run.
 
 ``--background-load P`` times every point a second time while P processes spin on the cores
 and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
@@ -343,7 +343,7 @@ def with_isa(built, isa):
 
 
 def build(name, k, n, gen, quick, threads):
-    if " @" in name:  # "awq_gemm bf16 @avx2": the same op with the ISA capped
+    if " @" in name:  # "awq_gemm bf16 @avx2", "w4a16 gptq bf16 @scalar": the ISA capped
         base, isa = name.split(" @")
         return with_isa(build(base, k, n, gen, quick, threads), isa)
     if name.startswith("awq_gemm"):
@@ -405,8 +405,9 @@ def main(argv=None):
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also time every point while P busy processes run; print slowdowns")
     ap.add_argument("--isa", default="", metavar="LIST",
-                    help="also time awq_gemm with W4K_CPU_ISA set to each of these (e.g. "
-                         "avx2,scalar): rows 'awq_gemm bf16 @avx2', ... in the same run")
+                    help="also time awq_gemm and w4a16 with W4K_CPU_ISA set to each of these "
+                         "(e.g. avx2,scalar): rows 'awq_gemm bf16 @avx2', 'w4a16 gptq bf16 "
+                         "@avx2', ... in the same run")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -416,7 +417,8 @@ def main(argv=None):
     repeats = 3 if quick else args.repeats
     names = [s for s in args.methods.split(",") if s]
     for isa in [v for v in args.isa.split(",") if v]:
-        for base in [s for s in names if s.startswith("awq_gemm") and " @" not in s]:
+        for base in [s for s in names
+                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s]:
             METHODS[f"{base} @{isa}"] = METHODS[base]
             names.append(f"{base} @{isa}")
     if not ort_available():
