@@ -68,46 +68,49 @@ W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* 
   }
 }
 
-// acc[i][c0 .. c0 + 15] += a[i][k] * wbuf[k][c0 .. c0 + 15], k = 0 .. kc - 1 in order, for MR
-// rows: 2 MR accumulators + 2 weight vectors + 1 broadcast (MR = 6: 15 of 16 ymm registers).
-template <int MR>
+// acc[i][c0 .. c0 + 8 NV - 1] += a[i][k] * wbuf[k][c0 ..], k = 0 .. kc - 1 in order, for MR
+// rows: MR x NV accumulators + NV weight vectors + 1 broadcast in the 16 ymm registers
+// (6 x 2 for many rows; 1 x 8 for one row, whose 8 independent chains hide the add latency).
+template <int MR, int NV>
 W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, int64_t kc,
                                float* acc, int c0) {
-  __m256 c[MR][2];
-  for (int i = 0; i < MR; ++i) {
-    c[i][0] = _mm256_loadu_ps(acc + i * 64 + c0);
-    c[i][1] = _mm256_loadu_ps(acc + i * 64 + c0 + 8);
-  }
+  __m256 c[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) c[i][v] = _mm256_loadu_ps(acc + i * 64 + c0 + 8 * v);
   for (int64_t k = 0; k < kc; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(wbuf + k * 64 + c0);
-    const __m256 w1 = _mm256_loadu_ps(wbuf + k * 64 + c0 + 8);
+    __m256 w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(wbuf + k * 64 + c0 + 8 * v);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
       const __m256 av = _mm256_broadcast_ss(a + i * lda + k);
-      c[i][0] = _mm256_add_ps(c[i][0], _mm256_mul_ps(av, w0));  // no FMA: see the top
-      c[i][1] = _mm256_add_ps(c[i][1], _mm256_mul_ps(av, w1));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)  // no FMA: see the top
+        c[i][v] = _mm256_add_ps(c[i][v], _mm256_mul_ps(av, w[v]));
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    _mm256_storeu_ps(acc + i * 64 + c0, c[i][0]);
-    _mm256_storeu_ps(acc + i * 64 + c0 + 8, c[i][1]);
-  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc + i * 64 + c0 + 8 * v, c[i][v]);
 }
 
-// micro_generic's contract for any number of rows: tiles of 6 rows x 16 columns.
+// micro_generic's contract for any number of rows: tiles of 6 rows x 16 columns (one row:
+// 1 x 64).
 W4K_W4A16_AVX2 inline void micro_avx2_rows(const float* a, int64_t lda, const float* wbuf,
                                            int64_t kc, float* acc, int64_t rows) {
+  if (rows == 1) {
+    micro_avx2<1, 8>(a, lda, wbuf, kc, acc, 0);
+    return;
+  }
   for (int64_t i0 = 0; i0 < rows; i0 += 6) {
     const float* a_i = a + i0 * lda;
     float* acc_i = acc + i0 * 64;
     for (int c0 = 0; c0 < 64; c0 += 16) {
       switch (rows - i0 >= 6 ? 6 : rows - i0) {
-        case 6: micro_avx2<6>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 5: micro_avx2<5>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 4: micro_avx2<4>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 3: micro_avx2<3>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 2: micro_avx2<2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        default: micro_avx2<1>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 6: micro_avx2<6, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 5: micro_avx2<5, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 4: micro_avx2<4, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 3: micro_avx2<3, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 2: micro_avx2<2, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        default: micro_avx2<1, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
       }
     }
   }
