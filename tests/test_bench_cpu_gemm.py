@@ -45,6 +45,14 @@ def test_bench_cpu_gemm_background_load_prints_slowdowns():
                for line in stdout.splitlines()), stdout
 
 
+def test_bench_cpu_gemm_isa_adds_capped_rows():
+    """--isa adds awq_gemm and w4a16 rows run with W4K_CPU_ISA capped, in the same table."""
+    stdout = _bench("--isa", "avx2", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16")
+    names = {" ".join(line.split()[1:-6]) for line in stdout.splitlines()
+             if line[:4].strip() in ("1", "16")}
+    assert {"awq_gemm bf16 @avx2", "w4a16 gptq bf16 @avx2"} <= names, stdout
+
+
 def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():
     """Regression: byte counts that include scale bytes are floats; the copy count (used as a
     list length and modulus) must still be an int, and the copies must exceed 4 x L3."""
