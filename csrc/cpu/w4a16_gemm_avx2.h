@@ -31,8 +31,10 @@ namespace w4k::cpu {
 // j = 0..3 (two 4-word runs) holds, in nibble e of lane 4 (c - 4cg - 2h) + j, the weight of
 // row 2t + (e >> 2) + 8 (e & 1) and wbuf column 16 (2cg + ((e >> 1) & 1)) + 8h + lane
 // (MarlinChunkTables: x = 16q + 4cl + j with cl = c - 4cg), so each nibble position of the
-// vector is 8 consecutive wbuf columns of one row.
-template <bool kZp, bool kFp16>
+// vector is 8 consecutive wbuf columns of one row. kUnitScale (per channel: every scale is 1,
+// see decode_chunk_groups): w = q - z, an integer of at most 4 bits that T holds exactly, so
+// the multiply and the rounding are identities and are skipped.
+template <bool kZp, bool kFp16, bool kUnitScale = false>
 W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* srow,
                                       const float* const* zrow, float* wbuf) {
   const __m256i low4 = _mm256_set1_epi32(0xf);
@@ -50,10 +52,12 @@ W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* 
           const int x0 = 16 * (2 * cg + ((e >> 1) & 1)) + 8 * h;
           __m256 w = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * e), low4));
           w = _mm256_sub_ps(w, kZp ? _mm256_loadu_ps(zrow[row] + x0) : eight);
-          w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
-          if (kFp16) {
+          if (kUnitScale) {  // w = q - z as it is (see above)
+          } else if (kFp16) {
+            w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
             w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
           } else {  // round_to_bf16: RNE on the bits, a NaN kept as it is
+            w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
             const __m256i b = _mm256_castps_si256(w);
             const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
             const __m256i r = _mm256_and_si256(

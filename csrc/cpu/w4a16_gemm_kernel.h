@@ -215,7 +215,9 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
         if (avx2) {
           const bool fp16 = p.weight_type == HalfType::kFloat16;
-          if (has_zp && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, w_tile);
+          if (chan_scale && has_zp) dequant_tile_avx2<true, false, true>(words, srow, zrow, w_tile);
+          else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, w_tile);
+          else if (has_zp && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, w_tile);
           else if (has_zp) dequant_tile_avx2<true, false>(words, srow, zrow, w_tile);
           else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, w_tile);
           else dequant_tile_avx2<false, false>(words, srow, zrow, w_tile);
