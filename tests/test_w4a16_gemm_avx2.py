@@ -101,14 +101,16 @@ def test_avx2_weight_rounding_edges(monkeypatch, dtype, m):
     """The rounding of T((q - z) * s) where it is not the plain case: fp16 results that overflow
     to inf (s near 65504 times |q - z| > 1), land in the fp16 subnormals (s = 2^-14 times
     small integers is exact; s = 1.5 * 2^-17 rounds), a NaN scale; bf16 denormal products (integer
-    rounding of denormal bits) and a NaN scale. Compared with the portable path only (inf and
+    rounding of denormal bits), products that overflow fp32, a NaN scale; and an infinite scale
+    (q - z = 0 gives x86's default NaN, which the AVX2 bf16 rounding must keep). Compared with the portable path only (inf and
     NaN have no float64 reference to check a tolerance against)."""
     b = backend_or_skip("cpu", OP)
     case = make_case(m, 256, 128, 64, dtype, zp=True, seed=3 + m)
     if dtype == torch.float16:
-        values = [60000.0, -65504.0, 2.0 ** -14, 1.5 * 2.0 ** -17, 3 * 2.0 ** -24, float("nan")]
+        values = [60000.0, -65504.0, 2.0 ** -14, 1.5 * 2.0 ** -17, 3 * 2.0 ** -24, float("nan"),
+                  float("inf")]
     else:
-        values = [1e-39, -3e-39, 2.0 ** -130, 1e38, float("nan")]
+        values = [1e-39, -3e-39, 2.0 ** -130, 1e38, float("nan"), float("-inf")]
     _edge_scales(case, values)
     portable = _run(monkeypatch, b, case, "scalar", 1)
     avx2 = _run(monkeypatch, b, case, "avx2", 2)
