@@ -110,7 +110,8 @@ inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
 
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
 // Paths: AVX-512 lookup tables (few rows), else the blocked path (dequantize 64
-// rows of K x 64 columns, then register-blocked FMAs; vdpbf16ps for bf16), else portable C++.
+// rows of K x 64 columns, then register-blocked FMAs; vdpbf16ps for bf16), else portable C++
+// (or its AVX2 twin, w4a16_gemm_avx2.h, with the same bits).
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
