@@ -88,6 +88,24 @@ __attribute__((target("avx512f"))) void dequant_tile_avx512(const int32_t* words
   }
 }
 
+// k-tile kt of one chunk whose 16 rows span several groups (row groups: act-order or a group
+// size that is not a multiple of 16): each row's scales (sc) and zero points (zf, or nullptr)
+// looked up through g_idx, then dequant_tile_avx512. sc / zf: the chunk's [G][64] tables.
+template <bool kFp16>
+__attribute__((target("avx512f"))) inline void dequant_mixed_tile_avx512(
+    const W4a16GemmProblem& p, int64_t kt, const int32_t* words, const float* sc,
+    const float* zf, float* wtile) {
+  const float* srow[16];
+  const float* zrow[16];
+  for (int r = 0; r < 16; ++r) {
+    const int64_t g = p.g_idx[16 * kt + r];
+    srow[r] = sc + g * 64;
+    zrow[r] = zf ? zf + g * 64 : nullptr;
+  }
+  if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
+  else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+}
+
 // acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64], MR rows held in 4 * MR registers.
 template <int MR>
 __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda,
@@ -358,16 +376,8 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
     int64_t g_first = INT64_MAX, g_last = -1;
     for (int64_t kt = kt0; kt < kt1; ++kt) {
       if (tile_group[kt] < 0) {
-        const float* srow[16];
-        const float* zrow[16];
-        for (int r = 0; r < 16; ++r) {
-          const int64_t g = p.g_idx[16 * kt + r];
-          srow[r] = sc + g * 64;
-          zrow[r] = zf ? zf + g * 64 : nullptr;
-        }
-        const int32_t* words = p.b_q_weight + kt * 2 * p.size_n + 128 * ch;
-        if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
-        else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+        dequant_mixed_tile_avx512<kFp16>(p, kt, p.b_q_weight + kt * 2 * p.size_n + 128 * ch,
+                                         sc, zf, wtile);
         micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, extra, rows);
         continue;
       }

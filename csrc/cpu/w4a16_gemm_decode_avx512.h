@@ -324,16 +324,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         const float* zf = p.zeros ? s.zf.data() + (ch - ch0) * p.num_groups * 64 : nullptr;
         for (int64_t kt = kt0; kt < kt1; ++kt) {
           if (tile_group[kt] >= 0) continue;
-          const float* srow[16];
-          const float* zrow[16];
-          for (int r = 0; r < 16; ++r) {
-            const int64_t g = p.g_idx[16 * kt + r];
-            srow[r] = sc + g * 64;
-            zrow[r] = zf ? zf + g * 64 : nullptr;
-          }
-          const int32_t* words = chunk_words + kt * word_stride;
-          if (zf) dequant_tile_avx512<true, kFp16>(words, srow, zrow, wtile);
-          else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
+          dequant_mixed_tile_avx512<kFp16>(p, kt, chunk_words + kt * word_stride, sc, zf, wtile);
           micro_avx512_rows(p.a + m0 * p.lda + 16 * kt, p.lda, wtile, 16, acc + rows * kAccRow,
                             rows);
         }

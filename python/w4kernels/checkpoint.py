@@ -225,9 +225,7 @@ def load_quantized(model: nn.Module, checkpoint: Union[str, dict], quantization_
             raise ValueError(f"load_quantized: layer {name!r} is {linear.in_features} -> "
                              f"{linear.out_features} in the model but {new.in_features} -> "
                              f"{new.out_features} in the checkpoint")
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr,
-                new.to(linear.weight.device))
+        model.set_submodule(name, new.to(linear.weight.device))
     leftover = sorted(k for k in state if k.endswith(".qweight"))
     if strict and leftover:
         raise ValueError(f"load_quantized: quantized tensors with no nn.Linear of that name in the "

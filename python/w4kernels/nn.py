@@ -721,11 +721,6 @@ class KleidiAIConfig:
 QuantizeConfig = Union[GPTQMarlinConfig, AWQMarlinConfig, AWQConfig, KleidiAIConfig]
 
 
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, attr, module)
-
-
 def quantize_(model: nn.Module, config: QuantizeConfig,
               filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
               progress: Union[bool, None, Callable[[int, int, str], None]] = None) -> nn.Module:
@@ -758,7 +753,7 @@ def quantize_(model: nn.Module, config: QuantizeConfig,
         except (ValueError, TypeError) as e:
             raise type(e)(f"quantize_: layer {name!r} ({linear.in_features} -> "
                           f"{linear.out_features}): {e}") from e
-        _set_submodule(model, name, new)
+        model.set_submodule(name, new)
         if callable(progress):
             progress(done, len(selected), name)
         elif progress or (progress is None and time.perf_counter() - start > 2.0):
