@@ -1,0 +1,539 @@
+// The int8-activation mode of the CPU 4-bit GEMMs (w4a8_gemm: Marlin format, awq_gemm_a8:
+// AutoAWQ format), torch-free: raw pointers and sizes.
+//
+// Scheme (llama.cpp Q8_0 / ONNX Runtime accuracy level 4 style). The activation row m is cut
+// into blocks b of `block` consecutive rows of K (in the weight's row order: act-order gathered);
+// each block gets sa[m, b] = absmax / 127 (fp32) and qa = rne(a / sa) in [-127, 127] (int8). The
+// weight codes q (0..15, unsigned) multiply qa exactly with vpdpbusd (u8 x s8 -> int32), and the
+// zero point comes out per block as z * sum(qa):
+//     isum[m, b, n] = sum_{k in b} q[k, n] * qa[m, k]  -  z[g(b), n] * sum_{k in b} qa[m, k]
+// (exact int32: |isum| <= 15 * 127 * block). The fp32 epilogue, in this order in every path:
+//     t = sa[m, b] * sw[g(b), n]              (fp32 multiply)
+//     acc = fma(float(isum), t, acc)          (b = 0, 1, ... ascending; acc starts at +0)
+//     y = acc + bias[n]                       (fp32 add, only with a bias)
+//     out = T(y)                              (one rounding to the activation dtype T)
+// so the AVX-512 path and the portable path give the same bits (integer sums are exact in any
+// order), with any thread count (every output is produced by one work item).
+//
+// The block is the weight group when the group is <= 128 rows (32, 64, 128), else the largest
+// of 128, 64, 32, 16 that divides it (per channel: the group is K). 128 keeps the per-block
+// epilogue to 1/32 of the vpdpbusd work and the activation rounding local (an outlier only
+// coarsens its own 128 values); a block always lies inside one weight group.
+//
+// AVX-512 (VNNI) path. Per (block b, 64-column chunk) the weight codes are decoded once into a
+// u8 panel in L1: panel[quad][g][16 lanes][4 bytes], one zmm per (quad of 4 k-rows, 16 columns),
+// every 32-bit lane = 4 codes of ONE column. The activations are laid out once per call in the
+// matching k order, so the micro-kernel is a plain register-tiled GEMM: for each quad, 4 weight
+// zmm loads and R x 4 vpdpbusd with the 4 activation bytes of each row broadcast (R <= 6 rows).
+// The column order inside a panel is fixed per format (PanelTables::col); the scales and zero
+// points are gathered into it per block, the output is put back into natural order at the end.
+//
+// * Marlin: a k-tile's 16 words 16c .. 16c + 15 (128-bit block t, lane j) hold, in byte pairs,
+//   column A = 16j + c (bytes 0, 2) and B = A + 8 (bytes 1, 3) of rows 2t, 2t + 8 (byte 0 / 1
+//   low / high nibble) and 2t + 1, 2t + 9 (byte 2 / 3). One vpshufb per 2 words puts the byte
+//   pair (b0, b2) or (b1, b3) of a word in the low 16 bits of a dword, and
+//   (x | x << 12) & 0x0f0f0f0f (a shift, a vpternlogd) spreads its 4 nibbles to 4 bytes:
+//   rows (2t, 2t + 1, 2t + 8, 2t + 9) of one column. A 4 x 4 transpose of 128-bit blocks
+//   (8 vshufi64x2 per 4 zmm) gives one zmm per quad t. So the activations of each k-tile are
+//   ordered [0 1 8 9 | 2 3 10 11 | 4 5 12 13 | 6 7 14 15]. ~6 instructions per 64 weights.
+// * AWQ: per quad, the 4 rows' 32 bytes (64 columns) are split into nibbles (a 256-bit
+//   broadcast, vpsrlvq by 0 / 4, and), then interleaved with vpunpck{l,h}bw and vpunpck{l,h}wd:
+//   dword = rows (k, k + 1, k + 2, k + 3) of one column, natural k order. 16 instructions per
+//   256 weights.
+//
+// Portable path: the same activation quantization in scalar C++ and, per output, the same
+// integer sums and the same fp32 epilogue.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu/w4a16_gemm_convert.h"  // HalfType, half_bits_to_float, narrow_c_row, chunk_tables
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(W4K_NO_AVX512)
+#include <immintrin.h>
+#define W4K_HAVE_A8_AVX512 1
+#endif
+
+namespace w4k::cpu {
+
+enum class A8Format { kMarlin, kAwq };
+
+struct W4a8Problem {
+  A8Format format;
+  const int32_t* qweight;   // Marlin [K/16, 2N] | AWQ [K, N/8]
+  const uint16_t* scales;   // [G, N] half bits (Marlin: permuted; AWQ: natural)
+  const int32_t* zeros;     // Marlin [G, N/8] or nullptr (z = 8) | AWQ qzeros [G, N/8]
+  const float* bias;        // [N] fp32 or nullptr
+  int64_t size_m, size_n, size_k;
+  int64_t num_groups, group_size;  // group_size: rows of K per weight group (K for G == 1)
+  int64_t block;            // activation block (rows of K), divides group_size
+  HalfType type;            // activation / scale / output dtype
+  // Quantized activations, laid out by quantize_a8_row: [M, K] int8 in the kernel's k order
+  // (row stride lda_q), sa / sumqa [M, K / block] (row stride num_blocks).
+  const int8_t* qa;
+  int64_t lda_q;
+  const float* sa;
+  const int32_t* sumqa;
+  int64_t num_blocks;
+  uint16_t* out;            // [M, N] half bits, row stride size_n
+};
+
+// Block of the activation quantization for a weight group of `group_size` rows (a multiple of
+// 16): the group itself up to 128, else the largest of 128, 64, 32, 16 dividing it.
+inline int64_t a8_block_size(int64_t group_size) {
+  for (int64_t b : {128, 64, 32, 16})
+    if (group_size % b == 0) return b;
+  return 0;  // not a multiple of 16: the checks refuse it before this is called
+}
+
+// Row order of the quantized activations inside one 16-row Marlin k-tile: position 4t + i holds
+// row kMarlinQuadRow[4t + i] = (2t, 2t + 1, 2t + 8, 2t + 9)[i] (see the header comment).
+constexpr int kMarlinQuadRow[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+
+// Per-format index tables of one 64-column panel, built once from the layout formulas.
+struct PanelTables {
+  int8_t col[64];          // panel position p -> chunk column n
+  int8_t pos[64];          // chunk column n -> panel position p (inverse of col)
+  int8_t scale_src[64];    // p -> position of its scale among the chunk's 64 stored scales
+  int8_t scale_src_pc[64]; // the same for Marlin per-channel scales (32-column perm)
+  int8_t zp_word[64];      // p -> word (0..7) of the chunk's 8 zero-point words
+  int8_t zp_shift[64];     // ... and the bit offset of its nibble
+
+  explicit PanelTables(A8Format f) {
+    static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    for (int p = 0; p < 64; ++p) {
+      const int g = p / 16, lane = p % 16;
+      int n;
+      if (f == A8Format::kMarlin) {  // zmm g = (j pair 2 * (g / 2), c group g % 2), lane 4cc + d
+        const int cc = lane / 4, d = lane % 4;
+        n = 32 * (g / 2) + 4 * (g % 2) + cc + 8 * d;
+      } else {  // zmm e = g, lane 4L + i <-> byte P = 16L + 4e + i of [lo nibbles | hi nibbles]
+        const int L = lane / 4, i = lane % 4, P = 16 * L + 4 * g + i;
+        const int h = P / 32, byte = P % 32, w = byte / 4, b = byte % 4;
+        n = 8 * w + kAwqOrder[2 * b + h];
+      }
+      col[p] = static_cast<int8_t>(n);
+    }
+    const MarlinChunkTables& mt = chunk_tables();
+    for (int p = 0; p < 64; ++p) {
+      const int n = col[p];
+      pos[n] = static_cast<int8_t>(p);
+      if (f == A8Format::kMarlin) {
+        scale_src[p] = mt.scale_src64[n];
+        scale_src_pc[p] = static_cast<int8_t>(32 * (n / 32) + mt.scale_src32[n % 32]);
+        zp_word[p] = mt.zp_word[n];
+        zp_shift[p] = mt.zp_shift[n];
+      } else {
+        scale_src[p] = scale_src_pc[p] = static_cast<int8_t>(n);
+        zp_word[p] = static_cast<int8_t>(n / 8);
+        zp_shift[p] = static_cast<int8_t>(4 * kAwqNibble[n % 8]);
+      }
+    }
+  }
+};
+
+inline const PanelTables& panel_tables(A8Format f) {
+  static const PanelTables marlin(A8Format::kMarlin), awq(A8Format::kAwq);
+  return f == A8Format::kMarlin ? marlin : awq;
+}
+
+// Source column of a (before act-order) for position k' of the quantized row.
+inline int64_t a8_source_row(A8Format f, int64_t kq) {
+  return f == A8Format::kMarlin ? 16 * (kq / 16) + kMarlinQuadRow[kq % 16] : kq;
+}
+
+// ---- activation quantization ----------------------------------------------------------------
+
+// fp32 of the gathered activations of one block -> qa, sa, sum(qa). absmax is the integer max
+// of the |x| bit patterns: NaN > inf > every finite value, in any order, so a block holding a
+// NaN gets sa = NaN and one holding an inf sa = inf; qa is then 0 (and for absmax = 0) and the
+// epilogue's fma(0, NaN or inf, acc) makes the row's outputs NaN: garbage is never hidden.
+inline void quantize_block_scalar(const float* x, int64_t n, int8_t* qa, float* sa,
+                                  int32_t* sumqa) {
+  uint32_t amax_bits = 0;
+  for (int64_t i = 0; i < n; ++i) amax_bits = std::max(amax_bits, f32_bits(x[i]) & 0x7fffffffu);
+  const float s = f32_from_bits(amax_bits) / 127.0f;
+  const bool ok = std::isfinite(s) && s != 0.0f;
+  int32_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t q = ok ? static_cast<int32_t>(std::nearbyint(x[i] / s)) : 0;
+    qa[i] = static_cast<int8_t>(q);
+    sum += q;
+  }
+  *sa = s;
+  *sumqa = sum;
+}
+
+#ifdef W4K_HAVE_A8_AVX512
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void quantize_block_avx512(
+    const float* x, int64_t n, int8_t* qa, float* sa, int32_t* sumqa) {
+  // n is a multiple of 16
+  __m512i amax = _mm512_setzero_si512();
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  for (int64_t i = 0; i < n; i += 16)
+    amax = _mm512_max_epu32(amax, _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask));
+  const float s = f32_from_bits(static_cast<uint32_t>(_mm512_reduce_max_epu32(amax))) / 127.0f;
+  const bool ok = std::isfinite(s) && s != 0.0f;
+  __m512i sum = _mm512_setzero_si512();
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512i q = _mm512_setzero_si512();
+    if (ok)
+      q = _mm512_cvt_roundps_epi32(_mm512_div_ps(_mm512_loadu_ps(x + i), sv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    sum = _mm512_add_epi32(sum, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qa + i), _mm512_cvtepi32_epi8(q));
+  }
+  *sa = s;
+  *sumqa = _mm512_reduce_add_epi32(sum);
+}
+#endif
+
+// One activation row (half bits, row a_row; act-order: column r of the weight takes a[perm[r]])
+// -> qa in the kernel's k order, sa and sumqa per block. scratch: size_k floats.
+inline void quantize_a8_row(const W4a8Problem& p, const uint16_t* a_row, const int32_t* perm,
+                            bool avx512, int8_t* qa, float* sa, int32_t* sumqa, float* scratch) {
+  for (int64_t kq = 0; kq < p.size_k; ++kq) {
+    const int64_t r = a8_source_row(p.format, kq);
+    scratch[kq] = half_bits_to_float(a_row[perm ? perm[r] : r], p.type);
+  }
+  for (int64_t b = 0; b < p.num_blocks; ++b) {
+    const int64_t k0 = b * p.block;
+#ifdef W4K_HAVE_A8_AVX512
+    if (avx512) {
+      quantize_block_avx512(scratch + k0, p.block, qa + k0, sa + b, sumqa + b);
+      continue;
+    }
+#endif
+    (void)avx512;
+    quantize_block_scalar(scratch + k0, p.block, qa + k0, sa + b, sumqa + b);
+  }
+}
+
+// ---- weights of one (block, chunk): codes, scales and zero points ----------------------------
+
+// Scales (fp32) and zero points of weight group g for chunk ch, in panel order.
+inline void gather_scales_zeros(const W4a8Problem& p, const PanelTables& tb, int64_t g,
+                                int64_t ch, float* sw, int32_t* z) {
+  const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+  const bool per_channel_marlin = p.format == A8Format::kMarlin && p.num_groups == 1;
+  const int32_t* z_words = p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
+  for (int q = 0; q < 64; ++q) {
+    sw[q] = half_bits_to_float(s_row[per_channel_marlin ? tb.scale_src_pc[q] : tb.scale_src[q]],
+                               p.type);
+    z[q] = z_words ? static_cast<int32_t>(
+                         (static_cast<uint32_t>(z_words[tb.zp_word[q]]) >> tb.zp_shift[q]) & 15u)
+                   : 8;
+  }
+}
+
+// Code q (0..15) of weight row r (Marlin row order), chunk column n of chunk ch.
+inline uint32_t weight_code(const W4a8Problem& p, int64_t r, int64_t ch, int n) {
+  if (p.format == A8Format::kMarlin) {
+    // word w = 16c + 4t + j, nibble e: row = 2t + (e >> 2) + 8(e & 1), col = 16j + c + 8(e>>1 & 1)
+    const int rr = static_cast<int>(r % 16), j = n / 16, c = n % 8, b2 = (n / 8) % 2;
+    const int t = (rr % 8) / 2, e = 4 * (rr % 2) + 2 * b2 + (rr / 8);
+    const int32_t word = p.qweight[(r / 16) * 2 * p.size_n + 128 * ch + 16 * c + 4 * t + j];
+    return (static_cast<uint32_t>(word) >> (4 * e)) & 15u;
+  }
+  static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const int64_t col = 64 * ch + n;
+  const int32_t word = p.qweight[r * (p.size_n / 8) + col / 8];
+  return (static_cast<uint32_t>(word) >> (4 * kAwqNibble[col % 8])) & 15u;
+}
+
+// ---- portable path ------------------------------------------------------------------------------
+
+// Columns of chunks [ch0, ch1), rows [m0, m1): the whole computation, one output at a time.
+inline void w4a8_chunks_portable(const W4a8Problem& p, int64_t ch0, int64_t ch1, int64_t m0,
+                                 int64_t m1) {
+  const PanelTables& tb = panel_tables(p.format);
+  std::vector<uint8_t> codes(p.block * 64);  // [k' in block][chunk column n]
+  std::vector<float> acc((m1 - m0) * 64), sw(64), y(64);
+  std::vector<int32_t> z(64);
+  for (int64_t ch = ch0; ch < ch1; ++ch) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t b = 0; b < p.num_blocks; ++b) {
+      const int64_t k0 = b * p.block, g = k0 / p.group_size;
+      gather_scales_zeros(p, tb, g, ch, sw.data(), z.data());
+      for (int64_t kq = 0; kq < p.block; ++kq)
+        for (int n = 0; n < 64; ++n)
+          codes[kq * 64 + n] = static_cast<uint8_t>(
+              weight_code(p, a8_source_row(p.format, k0 + kq), ch, n));
+      for (int64_t m = m0; m < m1; ++m) {
+        const int8_t* qa = p.qa + m * p.lda_q + k0;
+        const float sa = p.sa[m * p.num_blocks + b];
+        const int32_t sq = p.sumqa[m * p.num_blocks + b];
+        for (int q = 0; q < 64; ++q) {  // panel order, as the AVX-512 path keeps its sums
+          const int n = tb.col[q];
+          int32_t dot = 0;
+          for (int64_t kq = 0; kq < p.block; ++kq) dot += codes[kq * 64 + n] * qa[kq];
+          const int32_t isum = dot - z[q] * sq;
+          const float t = sa * sw[q];
+          float& c = acc[(m - m0) * 64 + q];
+          c = std::fma(static_cast<float>(isum), t, c);
+        }
+      }
+    }
+    for (int64_t m = m0; m < m1; ++m) {
+      for (int n = 0; n < 64; ++n) {
+        const float v = acc[(m - m0) * 64 + tb.pos[n]];
+        y[n] = p.bias ? v + p.bias[64 * ch + n] : v;
+      }
+      narrow_c_row(y.data(), 64, p.type, false, p.out + m * p.size_n + 64 * ch);
+    }
+  }
+}
+
+// ---- AVX-512 VNNI path ----------------------------------------------------------------------
+
+#ifdef W4K_HAVE_A8_AVX512
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define W4K_A8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+
+// Four zmm (row cc, 128-bit block t) -> four zmm (row t, block cc): a 4 x 4 block transpose.
+W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
+  const __m512i t0 = _mm512_shuffle_i64x2(v[0], v[1], 0x44);
+  const __m512i t1 = _mm512_shuffle_i64x2(v[0], v[1], 0xee);
+  const __m512i t2 = _mm512_shuffle_i64x2(v[2], v[3], 0x44);
+  const __m512i t3 = _mm512_shuffle_i64x2(v[2], v[3], 0xee);
+  v[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+  v[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+}
+
+// One Marlin k-tile of one chunk (128 words) -> 4 quads of the panel (4 x 256 bytes).
+W4K_A8_TARGET inline void decode_marlin_tile(const int32_t* words, uint8_t* panel) {
+  // per 128-bit block: dword d <- bytes (b0, b2) of word d/2 (d even) or (b1, b3) (d odd),
+  // zero-extended; kPairsHi the same for words 2, 3 of the block.
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  for (int h = 0; h < 2; ++h) {
+    __m512i d1[4], d2[4];
+    for (int cc = 0; cc < 4; ++cc) {
+      const __m512i w = _mm512_loadu_si512(words + 16 * (4 * h + cc));
+      const __m512i x1 = _mm512_shuffle_epi8(w, lo_pairs);
+      const __m512i x2 = _mm512_shuffle_epi8(w, hi_pairs);
+      // (x | x << 12) & 0x0f0f0f0f: the 4 nibbles of the 16-bit pair to bytes (n0, n2, n1, n3)
+      d1[cc] = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8);
+      d2[cc] = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8);
+    }
+    transpose_blocks(d1);
+    transpose_blocks(d2);
+    for (int t = 0; t < 4; ++t) {
+      _mm512_storeu_si512(panel + 256 * t + 64 * h, d1[t]);
+      _mm512_storeu_si512(panel + 256 * t + 64 * (2 + h), d2[t]);
+    }
+  }
+}
+
+// One AWQ quad (rows k .. k + 3, 64 columns: 8 words per row, row stride ldq words) -> 256 bytes.
+W4K_A8_TARGET inline void decode_awq_quad(const int32_t* words, int64_t ldq, uint8_t* panel) {
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  __m512i v[4];
+  for (int r = 0; r < 4; ++r) {
+    const __m512i w = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + r * ldq)));
+    v[r] = _mm512_and_si512(_mm512_srlv_epi64(w, shifts), nib);
+  }
+  const __m512i l01 = _mm512_unpacklo_epi8(v[0], v[1]), h01 = _mm512_unpackhi_epi8(v[0], v[1]);
+  const __m512i l23 = _mm512_unpacklo_epi8(v[2], v[3]), h23 = _mm512_unpackhi_epi8(v[2], v[3]);
+  _mm512_storeu_si512(panel + 0, _mm512_unpacklo_epi16(l01, l23));
+  _mm512_storeu_si512(panel + 64, _mm512_unpackhi_epi16(l01, l23));
+  _mm512_storeu_si512(panel + 128, _mm512_unpacklo_epi16(h01, h23));
+  _mm512_storeu_si512(panel + 192, _mm512_unpackhi_epi16(h01, h23));
+}
+
+// The panel of block b (rows k0 .. k0 + block) of chunk ch.
+W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t ch,
+                                       uint8_t* panel) {
+  if (p.format == A8Format::kMarlin) {
+    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt)
+      decode_marlin_tile(p.qweight + kt * 2 * p.size_n + 128 * ch,
+                         panel + (kt - k0 / 16) * 1024);
+  } else {
+    const int64_t ldq = p.size_n / 8;
+    for (int64_t k = k0; k < k0 + p.block; k += 4)
+      decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq, panel + (k - k0) * 64);
+  }
+}
+
+// Prefetch the weights of block [k0, k0 + block) of chunk ch (the next block's, one step ahead:
+// Marlin k-tiles are 8N bytes apart, AWQ rows N/2, which the hardware prefetchers don't follow).
+W4K_A8_TARGET inline void prefetch_panel(const W4a8Problem& p, int64_t k0, int64_t ch) {
+  if (p.format == A8Format::kMarlin) {
+    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
+      const char* base = reinterpret_cast<const char*>(p.qweight + kt * 2 * p.size_n + 128 * ch);
+      for (int l = 0; l < 512; l += 64) _mm_prefetch(base + l, _MM_HINT_T0);
+    }
+  } else {
+    const int64_t ldq = p.size_n / 8;
+    for (int64_t k = k0; k < k0 + p.block; ++k)
+      _mm_prefetch(reinterpret_cast<const char*>(p.qweight + k * ldq + 8 * ch), _MM_HINT_T0);
+  }
+}
+
+// Scales and zero points of group g, chunk ch, in panel order (vector gathers of the 64).
+W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const PanelTables& tb,
+                                                     int64_t g, int64_t ch, float* sw, int32_t* z) {
+  const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+  const bool per_channel_marlin = p.format == A8Format::kMarlin && p.num_groups == 1;
+  const int8_t* src = per_channel_marlin ? tb.scale_src_pc : tb.scale_src;
+  const __m512i s_lo = _mm512_loadu_si512(s_row), s_hi = _mm512_loadu_si512(s_row + 32);
+  const int32_t* z_words = p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
+  const __m512i zw = z_words ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                   reinterpret_cast<const __m256i*>(z_words)))
+                             : _mm512_setzero_si512();
+  // 64 halves zero-extended to 4 x 16 dwords, gathered with two vpermt2d and a blend.
+  const __m512i s0 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(s_lo));
+  const __m512i s1 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(s_lo, 1));
+  const __m512i s2 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(s_hi));
+  const __m512i s3 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(s_hi, 1));
+  for (int q = 0; q < 4; ++q) {
+    const __m512i idx = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * q)));
+    const __m512i a01 = _mm512_permutex2var_epi32(s0, idx, s1);
+    const __m512i a23 = _mm512_permutex2var_epi32(s2, idx, s3);
+    const __m512i bits = _mm512_mask_mov_epi32(
+        a01, _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32)), a23);
+    const __m512 f = p.type == HalfType::kFloat16
+                         ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits))
+                         : _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    _mm512_storeu_ps(sw + 16 * q, f);
+    __m512i zv = _mm512_set1_epi32(8);
+    if (z_words) {
+      const __m512i word_idx = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_word + 16 * q)));
+      const __m512i shift = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_shift + 16 * q)));
+      zv = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(word_idx, zw), shift),
+                            _mm512_set1_epi32(15));
+    }
+    _mm512_storeu_si512(z + 16 * q, zv);
+  }
+}
+
+// R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
+// the fp32 accumulators c (panel order, row stride ldc).
+template <int R>
+W4K_A8_TARGET inline void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
+                                  int64_t lda_q, const float* sa, const int32_t* sumqa,
+                                  int64_t lds, const float* sw, const int32_t* z, float* c,
+                                  int64_t ldc) {
+  __m512i acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_si512();
+  for (int64_t q = 0; q < nq; ++q) {
+    const __m512i w0 = _mm512_loadu_si512(panel + 256 * q);
+    const __m512i w1 = _mm512_loadu_si512(panel + 256 * q + 64);
+    const __m512i w2 = _mm512_loadu_si512(panel + 256 * q + 128);
+    const __m512i w3 = _mm512_loadu_si512(panel + 256 * q + 192);
+    for (int r = 0; r < R; ++r) {
+      int32_t a4;
+      std::memcpy(&a4, qa + r * lda_q + 4 * q, 4);
+      const __m512i a = _mm512_set1_epi32(a4);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, a);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, a);
+      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], w2, a);
+      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], w3, a);
+    }
+  }
+  for (int g = 0; g < 4; ++g) {
+    const __m512 swv = _mm512_loadu_ps(sw + 16 * g);
+    const __m512i zv = _mm512_loadu_si512(z + 16 * g);
+    for (int r = 0; r < R; ++r) {
+      const __m512i isum =
+          _mm512_sub_epi32(acc[r][g], _mm512_mullo_epi32(zv, _mm512_set1_epi32(sumqa[r * lds])));
+      const __m512 t = _mm512_mul_ps(_mm512_set1_ps(sa[r * lds]), swv);
+      float* cp = c + r * ldc + 16 * g;
+      _mm512_storeu_ps(cp, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(cp)));
+    }
+  }
+}
+
+// Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
+// order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
+W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, int64_t ch1,
+                                             int64_t m0, int64_t m1) {
+  const PanelTables& tb = panel_tables(p.format);
+  const int64_t nch = ch1 - ch0, rows = m1 - m0, ldc = 64 * nch;
+  thread_local std::vector<float> acc_buf, y_buf;
+  thread_local std::vector<uint8_t> panel_buf;
+  acc_buf.assign(rows * ldc, 0.0f);
+  y_buf.resize(64);
+  panel_buf.resize(p.block * 64 + 64);
+  uint8_t* panel = panel_buf.data();
+  alignas(64) float sw[64];
+  alignas(64) int32_t z[64];
+  const int64_t nq = p.block / 4;
+  for (int64_t b = 0; b < p.num_blocks; ++b) {
+    const int64_t k0 = b * p.block, g = k0 / p.group_size;
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      if (b + 1 < p.num_blocks) prefetch_panel(p, k0 + p.block, ch);
+      decode_panel(p, k0, ch, panel);
+      gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
+      float* c = acc_buf.data() + 64 * (ch - ch0);
+      const int8_t* qa = p.qa + m0 * p.lda_q + k0;
+      const float* sa = p.sa + m0 * p.num_blocks + b;
+      const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+      int64_t r = 0;
+      for (; r + 6 <= rows; r += 6)
+        tile_a8<6>(panel, nq, qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
+                   sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
+      const int64_t left = rows - r;
+      const int8_t* qr = qa + r * p.lda_q;
+      const float* sr = sa + r * p.num_blocks;
+      const int32_t* sqr = sq + r * p.num_blocks;
+      float* cr = c + r * ldc;
+      switch (left) {
+        case 5: tile_a8<5>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 4: tile_a8<4>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 3: tile_a8<3>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 2: tile_a8<2>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 1: tile_a8<1>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        default: break;
+      }
+    }
+  }
+  // Back to natural column order (+ bias), one rounding to T.
+  __m512i idx[4];
+  for (int o = 0; o < 4; ++o)
+    idx[o] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.pos + 16 * o)));
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      const float* c = acc_buf.data() + (m - m0) * ldc + 64 * (ch - ch0);
+      const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16);
+      const __m512 c2 = _mm512_loadu_ps(c + 32), c3 = _mm512_loadu_ps(c + 48);
+      for (int o = 0; o < 4; ++o) {
+        const __m512 lo = _mm512_permutex2var_ps(c0, idx[o], c1);
+        const __m512 hi = _mm512_permutex2var_ps(c2, idx[o], c3);
+        __m512 y = _mm512_mask_mov_ps(lo, _mm512_cmpge_epi32_mask(idx[o], _mm512_set1_epi32(32)),
+                                      hi);
+        if (p.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(p.bias + 64 * ch + 16 * o));
+        _mm512_storeu_ps(y_buf.data() + 16 * o, y);
+      }
+      narrow_c_row(y_buf.data(), 64, p.type, true, p.out + m * p.size_n + 64 * ch);
+    }
+  }
+}
+
+#undef W4K_A8_TARGET
+#pragma GCC diagnostic pop
+
+#endif  // W4K_HAVE_A8_AVX512
+
+}  // namespace w4k::cpu
