@@ -63,6 +63,9 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // Large M: keep an item's fp32 accumulators (rows x 64 x chunks floats) within ~256 KiB.
   while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
     chunks_per_item -= 2;
+  // AWQ decodes every chunk of an item into L1 panels (block x 64 bytes each): 2 chunks, one
+  // 64-byte line per row.
+  if (p.format == cpu::A8Format::kAwq) chunks_per_item = 2;
   const int64_t col_items = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   int64_t row_blocks = 1;
   if (col_items < 4 * threads)

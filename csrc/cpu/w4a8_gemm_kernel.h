@@ -170,6 +170,11 @@ inline void quantize_block_scalar(const float* x, int64_t n, int8_t* qa, float* 
 }
 
 #ifdef W4K_HAVE_A8_AVX512
+// GCC 12's AVX-512 headers initialize their "undefined" vectors from themselves (see
+// w4a16_gemm_avx512.h); -Wuninitialized reports it wherever they get inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void quantize_block_avx512(
     const float* x, int64_t n, int8_t* qa, float* sa, int32_t* sumqa) {
   // n is a multiple of 16
@@ -192,6 +197,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void quantize_block_
   *sa = s;
   *sumqa = _mm512_reduce_add_epi32(sum);
 }
+#pragma GCC diagnostic pop
 #endif
 
 // One activation row (half bits, row a_row; act-order: column r of the weight takes a[perm[r]])
@@ -427,43 +433,161 @@ W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const
   }
 }
 
-// R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
-// the fp32 accumulators c (panel order, row stride ldc).
-template <int R>
-W4K_A8_TARGET inline void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
-                                  int64_t lda_q, const float* sa, const int32_t* sumqa,
-                                  int64_t lds, const float* sw, const int32_t* z, float* c,
-                                  int64_t ldc) {
-  __m512i acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < 4; ++g) acc[r][g] = _mm512_setzero_si512();
-  for (int64_t q = 0; q < nq; ++q) {
-    const __m512i w0 = _mm512_loadu_si512(panel + 256 * q);
-    const __m512i w1 = _mm512_loadu_si512(panel + 256 * q + 64);
-    const __m512i w2 = _mm512_loadu_si512(panel + 256 * q + 128);
-    const __m512i w3 = _mm512_loadu_si512(panel + 256 * q + 192);
-    for (int r = 0; r < R; ++r) {
-      int32_t a4;
-      std::memcpy(&a4, qa + r * lda_q + 4 * q, 4);
-      const __m512i a = _mm512_set1_epi32(a4);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, a);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, a);
-      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], w2, a);
-      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], w3, a);
-    }
-  }
+// Epilogue of one row's 4 accumulators (64 panel columns) into the fp32 sums c.
+W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __m512i i3,
+                                          float sa, int32_t sumqa, const float* sw,
+                                          const int32_t* z, float* c) {
+  const __m512i sq = _mm512_set1_epi32(sumqa);
+  const __m512 sav = _mm512_set1_ps(sa);
+  const __m512i acc[4] = {i0, i1, i2, i3};
   for (int g = 0; g < 4; ++g) {
-    const __m512 swv = _mm512_loadu_ps(sw + 16 * g);
-    const __m512i zv = _mm512_loadu_si512(z + 16 * g);
-    for (int r = 0; r < R; ++r) {
-      const __m512i isum =
-          _mm512_sub_epi32(acc[r][g], _mm512_mullo_epi32(zv, _mm512_set1_epi32(sumqa[r * lds])));
-      const __m512 t = _mm512_mul_ps(_mm512_set1_ps(sa[r * lds]), swv);
-      float* cp = c + r * ldc + 16 * g;
-      _mm512_storeu_ps(cp, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(cp)));
+    const __m512i isum =
+        _mm512_sub_epi32(acc[g], _mm512_mullo_epi32(_mm512_loadu_si512(z + 16 * g), sq));
+    const __m512 t = _mm512_mul_ps(sav, _mm512_loadu_ps(sw + 16 * g));
+    _mm512_storeu_ps(c + 16 * g,
+                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
+  }
+}
+
+// AWQ: the panels of block [k0, k0 + block) for chunks [ch0, ch1), read row by row across the
+// chunks (64 B per row and chunk pair: whole cache lines; AWQ rows are N/2 bytes apart, so
+// reading one chunk's 32 bytes of 128 rows would map them all to two L1 sets).
+W4K_A8_TARGET inline void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
+                                            int64_t ch1, uint8_t* panels) {
+  const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
+  for (int64_t k = k0; k < k0 + p.block; k += 4)
+    for (int64_t ch = ch0; ch < ch1; ++ch)
+      decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq,
+                      panels + (ch - ch0) * panel_bytes + (k - k0) * 64);
+}
+
+// Marlin, few rows: the words of zmm c of a k-tile decoded as d1 (columns c + 8d) and d2
+// (32 + c + 8d) without the block transpose: 128-bit block t holds quad t of the tile. Each
+// row's activation zmm holds quad t in block t (one vpermd per tile), and the 16 accumulators
+// (c, d1/d2) are reduced over t once per block by the same transpose. kFused: decode from the
+// words in registers (one row); else read the d1/d2 a previous call stored in upanel (1 KiB
+// per tile: [c][d1, d2]).
+template <bool kFused>
+W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
+    const int32_t* words, int64_t tile_stride, uint8_t* upanel, int64_t ntiles,
+    const int8_t* qa, float sa, int32_t sumqa, const float* sw, const int32_t* z, float* c) {
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#define W4K_A8_DECL(i) __m512i s##i = _mm512_setzero_si512(), u##i = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+  W4K_A8_DECL(4) W4K_A8_DECL(5) W4K_A8_DECL(6) W4K_A8_DECL(7)
+#undef W4K_A8_DECL
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const __m512i av = _mm512_permutexvar_epi32(
+        quad_of_block,
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
+    const int32_t* w = words + kt * tile_stride;
+    const uint8_t* up = upanel + kt * 1024;
+#define W4K_A8_STEP(i)                                                                      \
+  {                                                                                         \
+    __m512i d1, d2;                                                                         \
+    if constexpr (kFused) {                                                                 \
+      const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                    \
+      const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                 \
+      const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                 \
+      d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8);             \
+      d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8);             \
+    } else {                                                                                \
+      d1 = _mm512_loadu_si512(up + 128 * i);                                                \
+      d2 = _mm512_loadu_si512(up + 128 * i + 64);                                           \
+    }                                                                                       \
+    s##i = _mm512_dpbusd_epi32(s##i, d1, av);                                               \
+    u##i = _mm512_dpbusd_epi32(u##i, d2, av);                                               \
+  }
+    W4K_A8_STEP(0) W4K_A8_STEP(1) W4K_A8_STEP(2) W4K_A8_STEP(3)
+    W4K_A8_STEP(4) W4K_A8_STEP(5) W4K_A8_STEP(6) W4K_A8_STEP(7)
+#undef W4K_A8_STEP
+  }
+  // Panel zmm g = 2 * (d2) + (c >= 4): the sum over t of the block-transposed 4 accumulators.
+  __m512i v0[4] = {s0, s1, s2, s3}, v1[4] = {s4, s5, s6, s7};
+  __m512i v2[4] = {u0, u1, u2, u3}, v3[4] = {u4, u5, u6, u7};
+  __m512i* vs[4] = {v0, v1, v2, v3};
+  __m512i g[4];
+  for (int i = 0; i < 4; ++i) {
+    transpose_blocks(vs[i]);
+    g[i] = _mm512_add_epi32(_mm512_add_epi32(vs[i][0], vs[i][1]),
+                            _mm512_add_epi32(vs[i][2], vs[i][3]));
+  }
+  epilogue_row_a8(g[0], g[1], g[2], g[3], sa, sumqa, sw, z, c);
+}
+
+// The untransposed d1/d2 of ntiles k-tiles into upanel (for marlin_row_a8<false>).
+W4K_A8_TARGET inline void decode_marlin_upanel(const int32_t* words, int64_t tile_stride,
+                                               int64_t ntiles, uint8_t* upanel) {
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const int32_t* w = words + kt * tile_stride;
+    uint8_t* up = upanel + kt * 1024;
+    for (int i = 0; i < 8; ++i) {
+      const __m512i wv = _mm512_loadu_si512(w + 16 * i);
+      const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);
+      const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);
+      _mm512_storeu_si512(up + 128 * i,
+                          _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8));
+      _mm512_storeu_si512(up + 128 * i + 64,
+                          _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8));
     }
   }
 }
+
+// R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
+// the fp32 accumulators c (panel order, row stride ldc). Named accumulators, not an array: GCC
+// spills an array of __m512i to the stack on every iteration. Not inlined: inside the driver
+// the register allocator copied and stored the accumulators on every iteration.
+template <int R>
+W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
+                                  int64_t lda_q, const float* sa, const int32_t* sumqa,
+                                  int64_t lds, const float* sw, const int32_t* z, float* c,
+                                  int64_t ldc) {
+#define W4K_A8_DECL(r) \
+  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
+          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
+#undef W4K_A8_DECL
+  const int8_t* q0 = qa;
+  for (int64_t q = 0; q < nq; ++q, panel += 256, q0 += 4) {
+    const __m512i w0 = _mm512_loadu_si512(panel);
+    const __m512i w1 = _mm512_loadu_si512(panel + 64);
+    const __m512i w2 = _mm512_loadu_si512(panel + 128);
+    const __m512i w3 = _mm512_loadu_si512(panel + 192);
+#define W4K_A8_ROW(r)                                                              \
+  if constexpr (R > r) {                                                           \
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q)); \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, w0, a);                                 \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, w1, a);                                 \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, w2, a);                                 \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, w3, a);                                 \
+  }
+    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
+#undef W4K_A8_ROW
+  }
+#define W4K_A8_EPI(r)                                                                    \
+  if constexpr (R > r)                                                                   \
+    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
+                    c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
+#undef W4K_A8_EPI
+}
+
+#ifndef W4K_A8_TILE_ROWS
+#define W4K_A8_TILE_ROWS 6
+#endif
+constexpr int kA8TileRows = W4K_A8_TILE_ROWS;
+// Up to this many rows (per item) Marlin takes the few-rows path (no block transpose).
+constexpr int64_t kA8FewRows = 4;
 
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
@@ -475,25 +599,45 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   thread_local std::vector<uint8_t> panel_buf;
   acc_buf.assign(rows * ldc, 0.0f);
   y_buf.resize(64);
-  panel_buf.resize(p.block * 64 + 64);
-  uint8_t* panel = panel_buf.data();
+  const bool awq = p.format == A8Format::kAwq;
+  // Marlin: one chunk's panel at a time; AWQ: every chunk of the item (decoded row by row).
+  const int64_t panel_bytes = std::max<int64_t>(p.block * 64, p.block / 16 * 1024);
+  panel_buf.resize((awq ? nch : 1) * panel_bytes + 64);
   alignas(64) float sw[64];
   alignas(64) int32_t z[64];
-  const int64_t nq = p.block / 4;
+  const int64_t nq = p.block / 4, ntiles = p.block / 16;
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
+    if (awq) {
+      if (b + 1 < p.num_blocks)
+        for (int64_t ch = ch0; ch < ch1; ch += 2) prefetch_panel(p, k0 + p.block, ch);
+      decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
+    }
     for (int64_t ch = ch0; ch < ch1; ++ch) {
-      if (b + 1 < p.num_blocks) prefetch_panel(p, k0 + p.block, ch);
-      decode_panel(p, k0, ch, panel);
+      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
+      if (!awq && b + 1 < p.num_blocks) prefetch_panel(p, k0 + p.block, ch);
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       float* c = acc_buf.data() + 64 * (ch - ch0);
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
       const float* sa = p.sa + m0 * p.num_blocks + b;
       const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+      if (!awq && rows <= kA8FewRows) {
+        const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        if (rows == 1) {
+          marlin_row_a8<true>(words, 2 * p.size_n, nullptr, ntiles, qa, sa[0], sq[0], sw, z, c);
+          continue;
+        }
+        decode_marlin_upanel(words, 2 * p.size_n, ntiles, panel);
+        for (int64_t r = 0; r < rows; ++r)
+          marlin_row_a8<false>(nullptr, 0, panel, ntiles, qa + r * p.lda_q,
+                               sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
+        continue;
+      }
+      if (!awq) decode_panel(p, k0, ch, panel);
       int64_t r = 0;
-      for (; r + 6 <= rows; r += 6)
-        tile_a8<6>(panel, nq, qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
-                   sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
+      for (; r + kA8TileRows <= rows; r += kA8TileRows)
+        tile_a8<kA8TileRows>(panel, nq, qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
+                             sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
       const int64_t left = rows - r;
       const int8_t* qr = qa + r * p.lda_q;
       const float* sr = sa + r * p.num_blocks;
