@@ -376,14 +376,14 @@ def build(name, k, n, gen, quick, threads):
     if " @" in name:  # "awq_gemm bf16 @avx2", "w4a16 gptq bf16 @scalar": the ISA capped
         base, isa = name.split(" @")
         return with_isa(build(base, k, n, gen, quick, threads), isa)
+    if name == "awq_gemm_a8 bf16":
+        return m_awq_a8(k, n, gen, quick)
     if name.startswith("awq_gemm"):
         return m_awq(k, n, gen, quick, torch.bfloat16 if "bf16" in name else torch.float16)
     if name == "awq dequant+mm":
         return m_awq_dequant_mm(k, n, gen, quick)
     if name.startswith("w4a8"):
         return m_w4a8(k, n, gen, quick, "awq" if "awq" in name else "gptq")
-    if name == "awq_gemm_a8 bf16":
-        return m_awq_a8(k, n, gen, quick)
     if name.startswith("w4a16"):
         return m_w4a16(k, n, gen, quick, name.split()[1].replace("awq-zp", "awq")
                        .replace("act-order", "act"))

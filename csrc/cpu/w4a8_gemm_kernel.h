@@ -318,6 +318,15 @@ W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
   v[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
 }
 
+// The 512 bytes of one Marlin k-tile of one chunk into L2, one block ahead of their use (k-tiles
+// are 8N bytes apart, which the hardware prefetchers don't follow). Issued tile by tile as the
+// current block is read: a block's worth at once overflows the miss buffers. Not into L1: with
+// N a power of two the tiles of a block map to the same few L1 sets.
+W4K_A8_TARGET inline void prefetch_tile(const int32_t* tile) {
+  const char* base = reinterpret_cast<const char*>(tile);
+  for (int l = 0; l < 512; l += 64) _mm_prefetch(base + l, _MM_HINT_T1);
+}
+
 // One Marlin k-tile of one chunk (128 words) -> 4 quads of the panel (4 x 256 bytes).
 W4K_A8_TARGET inline void decode_marlin_tile(const int32_t* words, uint8_t* panel) {
   // per 128-bit block: dword d <- bytes (b0, b2) of word d/2 (d even) or (b1, b3) (d odd),
@@ -368,28 +377,16 @@ W4K_A8_TARGET inline void decode_awq_quad(const int32_t* words, int64_t ldq, uin
 W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t ch,
                                        uint8_t* panel) {
   if (p.format == A8Format::kMarlin) {
-    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt)
-      decode_marlin_tile(p.qweight + kt * 2 * p.size_n + 128 * ch,
-                         panel + (kt - k0 / 16) * 1024);
+    const bool ahead = k0 + 2 * p.block <= p.size_k;
+    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
+      const int32_t* tile = p.qweight + kt * 2 * p.size_n + 128 * ch;
+      if (ahead) prefetch_tile(tile + (p.block / 16) * 2 * p.size_n);
+      decode_marlin_tile(tile, panel + (kt - k0 / 16) * 1024);
+    }
   } else {
     const int64_t ldq = p.size_n / 8;
     for (int64_t k = k0; k < k0 + p.block; k += 4)
       decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq, panel + (k - k0) * 64);
-  }
-}
-
-// Prefetch the weights of block [k0, k0 + block) of chunk ch (the next block's, one step ahead:
-// Marlin k-tiles are 8N bytes apart, AWQ rows N/2, which the hardware prefetchers don't follow).
-W4K_A8_TARGET inline void prefetch_panel(const W4a8Problem& p, int64_t k0, int64_t ch) {
-  if (p.format == A8Format::kMarlin) {
-    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
-      const char* base = reinterpret_cast<const char*>(p.qweight + kt * 2 * p.size_n + 128 * ch);
-      for (int l = 0; l < 512; l += 64) _mm_prefetch(base + l, _MM_HINT_T0);
-    }
-  } else {
-    const int64_t ldq = p.size_n / 8;
-    for (int64_t k = k0; k < k0 + p.block; ++k)
-      _mm_prefetch(reinterpret_cast<const char*>(p.qweight + k * ldq + 8 * ch), _MM_HINT_T0);
   }
 }
 
@@ -455,10 +452,19 @@ W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __
 W4K_A8_TARGET inline void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
                                             int64_t ch1, uint8_t* panels) {
   const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
-  for (int64_t k = k0; k < k0 + p.block; k += 4)
+  // The same columns one block further down, prefetched into L2 row by row as this block is
+  // read (spread out: a burst of a block's worth of prefetches overflows the miss buffers).
+  const bool ahead = k0 + 2 * p.block <= p.size_k;
+  for (int64_t k = k0; k < k0 + p.block; k += 4) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r) {
+        const char* next = reinterpret_cast<const char*>(p.qweight + (k + r + p.block) * ldq + 8 * ch0);
+        for (int64_t l = 0; l < 32 * (ch1 - ch0); l += 64) _mm_prefetch(next + l, _MM_HINT_T1);
+      }
     for (int64_t ch = ch0; ch < ch1; ++ch)
       decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq,
                       panels + (ch - ch0) * panel_bytes + (k - k0) * 64);
+  }
 }
 
 // Marlin, few rows: the words of zmm c of a k-tile decoded as d1 (columns c + 8d) and d2
@@ -469,7 +475,7 @@ W4K_A8_TARGET inline void decode_awq_panels(const W4a8Problem& p, int64_t k0, in
 // per tile: [c][d1, d2]).
 template <bool kFused>
 W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
-    const int32_t* words, int64_t tile_stride, uint8_t* upanel, int64_t ntiles,
+    const int32_t* words, int64_t tile_stride, bool ahead, uint8_t* upanel, int64_t ntiles,
     const int8_t* qa, float sa, int32_t sumqa, const float* sw, const int32_t* z, float* c) {
   const __m512i lo_pairs = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
@@ -487,6 +493,7 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
         _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
     const int32_t* w = words + kt * tile_stride;
     const uint8_t* up = upanel + kt * 1024;
+    if (kFused && ahead) prefetch_tile(w + ntiles * tile_stride);
 #define W4K_A8_STEP(i)                                                                      \
   {                                                                                         \
     __m512i d1, d2;                                                                         \
@@ -522,7 +529,7 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
 
 // The untransposed d1/d2 of ntiles k-tiles into upanel (for marlin_row_a8<false>).
 W4K_A8_TARGET inline void decode_marlin_upanel(const int32_t* words, int64_t tile_stride,
-                                               int64_t ntiles, uint8_t* upanel) {
+                                               bool ahead, int64_t ntiles, uint8_t* upanel) {
   const __m512i lo_pairs = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
   const __m512i hi_pairs = _mm512_broadcast_i32x4(
@@ -531,6 +538,7 @@ W4K_A8_TARGET inline void decode_marlin_upanel(const int32_t* words, int64_t til
   for (int64_t kt = 0; kt < ntiles; ++kt) {
     const int32_t* w = words + kt * tile_stride;
     uint8_t* up = upanel + kt * 1024;
+    if (ahead) prefetch_tile(w + ntiles * tile_stride);
     for (int i = 0; i < 8; ++i) {
       const __m512i wv = _mm512_loadu_si512(w + 16 * i);
       const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);
@@ -608,14 +616,12 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   const int64_t nq = p.block / 4, ntiles = p.block / 16;
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
+    const bool ahead = b + 1 < p.num_blocks;
     if (awq) {
-      if (b + 1 < p.num_blocks)
-        for (int64_t ch = ch0; ch < ch1; ch += 2) prefetch_panel(p, k0 + p.block, ch);
       decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
     }
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
-      if (!awq && b + 1 < p.num_blocks) prefetch_panel(p, k0 + p.block, ch);
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       float* c = acc_buf.data() + 64 * (ch - ch0);
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
@@ -624,12 +630,13 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       if (!awq && rows <= kA8FewRows) {
         const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         if (rows == 1) {
-          marlin_row_a8<true>(words, 2 * p.size_n, nullptr, ntiles, qa, sa[0], sq[0], sw, z, c);
+          marlin_row_a8<true>(words, 2 * p.size_n, ahead, nullptr, ntiles, qa, sa[0], sq[0], sw,
+                              z, c);
           continue;
         }
-        decode_marlin_upanel(words, 2 * p.size_n, ntiles, panel);
+        decode_marlin_upanel(words, 2 * p.size_n, ahead, ntiles, panel);
         for (int64_t r = 0; r < rows; ++r)
-          marlin_row_a8<false>(nullptr, 0, panel, ntiles, qa + r * p.lda_q,
+          marlin_row_a8<false>(nullptr, 0, false, panel, ntiles, qa + r * p.lda_q,
                                sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
         continue;
       }
