@@ -452,7 +452,8 @@ def main(argv=None):
     names = [s for s in args.methods.split(",") if s]
     for isa in [v for v in args.isa.split(",") if v]:
         for base in [s for s in names
-                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s]:
+                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s
+                     and s not in INT8_MODE]:
             METHODS[f"{base} @{isa}"] = METHODS[base]
             names.append(f"{base} @{isa}")
     if not ort_available():
