@@ -24,7 +24,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   const int64_t size_m = p.size_m, size_n = p.size_n, size_k = p.size_k;
   at::Tensor out = at::empty({size_m, size_n}, a.options());
   if (size_m == 0) return out;
-  const bool avx512 = cpu_isa() == Isa::kAvx512;
+  const bool avx512 = cpu_isa() == Isa::kAvx512 && cpu::a8_avx512_supported(p.format);
   const int threads = static_cast<int>(at::get_num_threads());
   p.num_blocks = size_k / p.block;
   // Row stride K + 64: K a multiple of 1024 would put the 6 rows of a tile in the same L1 sets.

@@ -112,9 +112,8 @@ struct PanelTables {
       if (f == A8Format::kMarlin) {  // zmm g = (j pair 2 * (g / 2), c group g % 2), lane 4cc + d
         const int cc = lane / 4, d = lane % 4;
         n = 32 * (g / 2) + 4 * (g % 2) + cc + 8 * d;
-      } else {  // zmm e = g, lane 4L + i <-> byte P = 16L + 4e + i of [lo nibbles | hi nibbles]
-        const int L = lane / 4, i = lane % 4, P = 16 * L + 4 * g + i;
-        const int h = P / 32, byte = P % 32, w = byte / 4, b = byte % 4;
+      } else {  // zmm e = g: low nibbles (e < 2) or high ones of bytes 4w + b, w = 4(e % 2) + lane / 4
+        const int h = g / 2, w = 4 * (g % 2) + lane / 4, b = lane % 4;
         n = 8 * w + kAwqOrder[2 * b + h];
       }
       col[p] = static_cast<int8_t>(n);
@@ -296,7 +295,19 @@ inline void w4a8_chunks_portable(const W4a8Problem& p, int64_t ch0, int64_t ch1,
   }
 }
 
-// ---- AVX-512 VNNI path ----------------------------------------------------------------------
+// ---- AVX-512 VNNI path ----
+
+// The AVX-512 path runs when the CPU has AVX-512 F/BW/VL + VNNI (cpu_isa() == kAvx512, not
+// capped by W4K_CPU_ISA) and, for the AWQ format, VBMI.
+inline bool a8_avx512_supported(A8Format f) {
+#ifdef W4K_HAVE_A8_AVX512
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  return f == A8Format::kMarlin || vbmi;
+#else
+  (void)f;
+  return false;
+#endif
+}
 
 #ifdef W4K_HAVE_A8_AVX512
 
@@ -305,6 +316,10 @@ inline void w4a8_chunks_portable(const W4a8Problem& p, int64_t ch0, int64_t ch1,
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define W4K_A8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+// The AWQ decode also needs VBMI (vpermt2b); those functions are called, not inlined, from the
+// driver, which runs them only after the runtime check (a8_avx512_supported).
+#define W4K_A8_TARGET_VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi")))
 
 // Four zmm (row cc, 128-bit block t) -> four zmm (row t, block cc): a 4 x 4 block transpose.
 W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
@@ -355,38 +370,55 @@ W4K_A8_TARGET inline void decode_marlin_tile(const int32_t* words, uint8_t* pane
   }
 }
 
-// One AWQ quad (rows k .. k + 3, 64 columns: 8 words per row, row stride ldq words) -> 256 bytes.
-W4K_A8_TARGET inline void decode_awq_quad(const int32_t* words, int64_t ldq, uint8_t* panel) {
-  const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-  const __m512i nib = _mm512_set1_epi8(0x0f);
-  __m512i v[4];
-  for (int r = 0; r < 4; ++r) {
-    const __m512i w = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + r * ldq)));
-    v[r] = _mm512_and_si512(_mm512_srlv_epi64(w, shifts), nib);
-  }
-  const __m512i l01 = _mm512_unpacklo_epi8(v[0], v[1]), h01 = _mm512_unpackhi_epi8(v[0], v[1]);
-  const __m512i l23 = _mm512_unpacklo_epi8(v[2], v[3]), h23 = _mm512_unpackhi_epi8(v[2], v[3]);
-  _mm512_storeu_si512(panel + 0, _mm512_unpacklo_epi16(l01, l23));
-  _mm512_storeu_si512(panel + 64, _mm512_unpackhi_epi16(l01, l23));
-  _mm512_storeu_si512(panel + 128, _mm512_unpacklo_epi16(h01, h23));
-  _mm512_storeu_si512(panel + 192, _mm512_unpackhi_epi16(h01, h23));
+// AWQ: one quad (rows k .. k + 3, 64 columns: 8 words per row, row stride ldq words) -> 4 zmm,
+// dword = rows (k, k + 1, k + 2, k + 3) of one column. The 4 rows' 32 bytes sit in two zmm
+// (rows 0 | 1, rows 2 | 3); one vpermt2b per output zmm gathers byte 4w + b of every row
+// (w = 4(e % 2) + lane / 4, b = lane % 4), then the low (e < 2) or high nibble is kept: byte
+// 4w + b of an AWQ row holds columns 8w + AWQ_ORDER[2b] (low) and 8w + AWQ_ORDER[2b + 1].
+struct AwqQuadIdx {
+  __m512i idx[2];
+};
+W4K_A8_TARGET_VBMI inline AwqQuadIdx awq_quad_idx() {
+  alignas(64) uint8_t t[2][64];
+  for (int e = 0; e < 2; ++e)
+    for (int lane = 0; lane < 16; ++lane)
+      for (int r = 0; r < 4; ++r)
+        t[e][4 * lane + r] = static_cast<uint8_t>(32 * r + 4 * (4 * e + lane / 4) + lane % 4);
+  return {{_mm512_load_si512(t[0]), _mm512_load_si512(t[1])}};
 }
 
-// The panel of block b (rows k0 .. k0 + block) of chunk ch.
+W4K_A8_TARGET_VBMI inline void decode_awq_quad_regs(const int32_t* words, int64_t ldq,
+                                               const AwqQuadIdx& ix, __m512i out[4]) {
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  const __m512i x01 = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + ldq)), 1);
+  const __m512i x23 = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * ldq))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 3 * ldq)), 1);
+  const __m512i t0 = _mm512_permutex2var_epi8(x01, ix.idx[0], x23);
+  const __m512i t1 = _mm512_permutex2var_epi8(x01, ix.idx[1], x23);
+  out[0] = _mm512_and_si512(t0, nib);
+  out[1] = _mm512_and_si512(t1, nib);
+  out[2] = _mm512_and_si512(_mm512_srli_epi16(t0, 4), nib);
+  out[3] = _mm512_and_si512(_mm512_srli_epi16(t1, 4), nib);
+}
+
+W4K_A8_TARGET_VBMI inline void decode_awq_quad(const int32_t* words, int64_t ldq, uint8_t* panel) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+  __m512i e[4];
+  decode_awq_quad_regs(words, ldq, ix, e);
+  for (int i = 0; i < 4; ++i) _mm512_storeu_si512(panel + 64 * i, e[i]);
+}
+
+// Marlin: the panel of block [k0, k0 + block) of chunk ch (the next block's tiles prefetched).
 W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t ch,
                                        uint8_t* panel) {
-  if (p.format == A8Format::kMarlin) {
-    const bool ahead = k0 + 2 * p.block <= p.size_k;
-    for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
-      const int32_t* tile = p.qweight + kt * 2 * p.size_n + 128 * ch;
-      if (ahead) prefetch_tile(tile + (p.block / 16) * 2 * p.size_n);
-      decode_marlin_tile(tile, panel + (kt - k0 / 16) * 1024);
-    }
-  } else {
-    const int64_t ldq = p.size_n / 8;
-    for (int64_t k = k0; k < k0 + p.block; k += 4)
-      decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq, panel + (k - k0) * 64);
+  const bool ahead = k0 + 2 * p.block <= p.size_k;
+  for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
+    const int32_t* tile = p.qweight + kt * 2 * p.size_n + 128 * ch;
+    if (ahead) prefetch_tile(tile + (p.block / 16) * 2 * p.size_n);
+    decode_marlin_tile(tile, panel + (kt - k0 / 16) * 1024);
   }
 }
 
@@ -449,7 +481,7 @@ W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __
 // AWQ: the panels of block [k0, k0 + block) for chunks [ch0, ch1), read row by row across the
 // chunks (64 B per row and chunk pair: whole cache lines; AWQ rows are N/2 bytes apart, so
 // reading one chunk's 32 bytes of 128 rows would map them all to two L1 sets).
-W4K_A8_TARGET inline void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
                                             int64_t ch1, uint8_t* panels) {
   const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
   // The same columns one block further down, prefetched into L2 row by row as this block is
@@ -525,6 +557,44 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
                             _mm512_add_epi32(vs[i][2], vs[i][3]));
   }
   epilogue_row_a8(g[0], g[1], g[2], g[3], sa, sumqa, sw, z, c);
+}
+
+// AWQ, few rows (R <= 4): one block of one chunk decoded quad by quad in registers (no panel),
+// R x 4 accumulators; the next block's rows of this chunk prefetched into L2 as it goes.
+template <int R>
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+#define W4K_A8_DECL(r) \
+  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
+          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(words + r * ldq + ahead_words), _MM_HINT_T1);
+    __m512i e[4];
+    decode_awq_quad_regs(words, ldq, ix, e);
+#define W4K_A8_ROW(r)                                                                         \
+  if constexpr (R > r) {                                                                      \
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * q)); \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, e[0], a);                                          \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, e[1], a);                                          \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, e[2], a);                                          \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, e[3], a);                                          \
+  }
+    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
+#undef W4K_A8_ROW
+  }
+#define W4K_A8_EPI(r)                                                                    \
+  if constexpr (R > r)                                                                   \
+    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
+                    c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3)
+#undef W4K_A8_EPI
 }
 
 // The untransposed d1/d2 of ntiles k-tiles into upanel (for marlin_row_a8<false>).
@@ -617,16 +687,37 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
-    if (awq) {
-      decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
-    }
+    if (awq && rows > kA8FewRows) decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
+      if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
+        const int64_t gn = (k0 + p.block) / p.group_size;
+        const char* sn = reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * ch);
+        _mm_prefetch(sn, _MM_HINT_T0);
+        _mm_prefetch(sn + 64, _MM_HINT_T0);
+        if (p.zeros)
+          _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * ch),
+                       _MM_HINT_T0);
+      }
       float* c = acc_buf.data() + 64 * (ch - ch0);
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
       const float* sa = p.sa + m0 * p.num_blocks + b;
       const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+      if (awq && rows <= kA8FewRows) {
+        const int64_t ldq = p.size_n / 8;
+        const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
+        const int64_t lds = p.num_blocks;
+        // ahead: the next block's rows, prefetched by the even chunk of a pair (one line)
+        const bool pf = ahead && (ch - ch0) % 2 == 0;
+        switch (rows) {
+          case 4: awq_rows_a8<4>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          case 3: awq_rows_a8<3>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          case 2: awq_rows_a8<2>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          default: awq_rows_a8<1>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+        }
+        continue;
+      }
       if (!awq && rows <= kA8FewRows) {
         const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         if (rows == 1) {
@@ -683,6 +774,7 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
 }
 
 #undef W4K_A8_TARGET
+#undef W4K_A8_TARGET_VBMI
 #pragma GCC diagnostic pop
 
 #endif  // W4K_HAVE_A8_AVX512
