@@ -64,8 +64,11 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
     chunks_per_item -= 2;
   // AWQ decodes every chunk of an item into L1 panels (block x 64 bytes each): 2 chunks, one
-  // 64-byte line per row.
-  if (p.format == cpu::A8Format::kAwq) chunks_per_item = 2;
+  // 64-byte line per row. With few rows it decodes in registers, chunk by chunk: 8 chunks, 256
+  // contiguous bytes of each row (AWQ rows are N/2 bytes apart; fewer pages and DRAM rows per
+  // byte than one line per row).
+  if (p.format == cpu::A8Format::kAwq)
+    chunks_per_item = size_m <= cpu::kA8FewRows ? 8 : 2;
   const int64_t col_items = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   int64_t row_blocks = 1;
   if (col_items < 4 * threads)
