@@ -463,6 +463,16 @@ W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const
 }
 
 // Epilogue of one row's 4 accumulators (64 panel columns) into the fp32 sums c.
+// Epilogue of panel zmm g (16 columns) of one row.
+W4K_A8_TARGET inline void epilogue_one_a8(__m512i dots, int g, float sa, int32_t sumqa,
+                                          const float* sw, const int32_t* z, float* c) {
+  const __m512i isum = _mm512_sub_epi32(
+      dots, _mm512_mullo_epi32(_mm512_loadu_si512(z + 16 * g), _mm512_set1_epi32(sumqa)));
+  const __m512 t = _mm512_mul_ps(_mm512_set1_ps(sa), _mm512_loadu_ps(sw + 16 * g));
+  _mm512_storeu_ps(c + 16 * g,
+                   _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
+}
+
 W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __m512i i3,
                                           float sa, int32_t sumqa, const float* sw,
                                           const int32_t* z, float* c) {
@@ -502,12 +512,10 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Pr
 // Marlin, few rows: the words of zmm c of a k-tile decoded as d1 (columns c + 8d) and d2
 // (32 + c + 8d) without the block transpose: 128-bit block t holds quad t of the tile. Each
 // row's activation zmm holds quad t in block t (one vpermd per tile), and the 16 accumulators
-// (c, d1/d2) are reduced over t once per block by the same transpose. kFused: decode from the
-// words in registers (one row); else read the d1/d2 a previous call stored in upanel (1 KiB
-// per tile: [c][d1, d2]).
-template <bool kFused>
+// (c, d1/d2) are reduced over t once per block by the same transpose. One row, decoded in
+// registers (two rows: marlin_2rows_half_a8).
 W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
-    const int32_t* words, int64_t tile_stride, bool ahead, uint8_t* upanel, int64_t ntiles,
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles,
     const int8_t* qa, float sa, int32_t sumqa, const float* sw, const int32_t* z, float* c) {
   const __m512i lo_pairs = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
@@ -524,21 +532,14 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
         quad_of_block,
         _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
     const int32_t* w = words + kt * tile_stride;
-    const uint8_t* up = upanel + kt * 1024;
-    if (kFused && ahead) prefetch_tile(w + ntiles * tile_stride);
+    if (ahead) prefetch_tile(w + ntiles * tile_stride);
 #define W4K_A8_STEP(i)                                                                      \
   {                                                                                         \
-    __m512i d1, d2;                                                                         \
-    if constexpr (kFused) {                                                                 \
-      const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                    \
-      const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                 \
-      const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                 \
-      d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8);             \
-      d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8);             \
-    } else {                                                                                \
-      d1 = _mm512_loadu_si512(up + 128 * i);                                                \
-      d2 = _mm512_loadu_si512(up + 128 * i + 64);                                           \
-    }                                                                                       \
+    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                      \
+    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                   \
+    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                   \
+    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
+    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
     s##i = _mm512_dpbusd_epi32(s##i, d1, av);                                               \
     u##i = _mm512_dpbusd_epi32(u##i, d2, av);                                               \
   }
@@ -597,27 +598,59 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
 #undef W4K_A8_EPI
 }
 
-// The untransposed d1/d2 of ntiles k-tiles into upanel (for marlin_row_a8<false>).
-W4K_A8_TARGET inline void decode_marlin_upanel(const int32_t* words, int64_t tile_stride,
-                                               bool ahead, int64_t ntiles, uint8_t* upanel) {
+// Marlin, two rows, half a chunk (words c = 4h .. 4h + 3 of every k-tile: panel zmm g = h and
+// 2 + h) decoded in registers: 2 rows x 8 accumulators. Two rows share each decode; the two
+// halves are separate passes over the block, so no word is decoded twice per row pair.
+W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int h,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
   const __m512i lo_pairs = _mm512_broadcast_i32x4(
       _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
   const __m512i hi_pairs = _mm512_broadcast_i32x4(
       _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
   const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#define W4K_A8_DECL(i)                                                     \
+  __m512i s0##i = _mm512_setzero_si512(), u0##i = _mm512_setzero_si512(), \
+          s1##i = _mm512_setzero_si512(), u1##i = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  words += 64 * h;
   for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const __m512i a0 = _mm512_permutexvar_epi32(
+        quad_of_block,
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
+    const __m512i a1 = _mm512_permutexvar_epi32(
+        quad_of_block, _mm512_castsi128_si512(_mm_loadu_si128(
+                           reinterpret_cast<const __m128i*>(qa + lda_q + 16 * kt))));
     const int32_t* w = words + kt * tile_stride;
-    uint8_t* up = upanel + kt * 1024;
-    if (ahead) prefetch_tile(w + ntiles * tile_stride);
-    for (int i = 0; i < 8; ++i) {
-      const __m512i wv = _mm512_loadu_si512(w + 16 * i);
-      const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);
-      const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);
-      _mm512_storeu_si512(up + 128 * i,
-                          _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8));
-      _mm512_storeu_si512(up + 128 * i + 64,
-                          _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8));
-    }
+#define W4K_A8_STEP(i)                                                                     \
+  {                                                                                        \
+    if (ahead)                                                                             \
+      _mm_prefetch(reinterpret_cast<const char*>(w + 16 * i + ntiles * tile_stride),       \
+                   _MM_HINT_T1);                                                           \
+    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                     \
+    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                  \
+    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                  \
+    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
+    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
+    s0##i = _mm512_dpbusd_epi32(s0##i, d1, a0);                                            \
+    u0##i = _mm512_dpbusd_epi32(u0##i, d2, a0);                                            \
+    s1##i = _mm512_dpbusd_epi32(s1##i, d1, a1);                                            \
+    u1##i = _mm512_dpbusd_epi32(u1##i, d2, a1);                                            \
+  }
+    W4K_A8_STEP(0) W4K_A8_STEP(1) W4K_A8_STEP(2) W4K_A8_STEP(3)
+#undef W4K_A8_STEP
+  }
+  __m512i v[4][4] = {{s00, s01, s02, s03}, {u00, u01, u02, u03},
+                     {s10, s11, s12, s13}, {u10, u11, u12, u13}};
+  for (int i = 0; i < 4; ++i) {
+    transpose_blocks(v[i]);
+    const __m512i dots = _mm512_add_epi32(_mm512_add_epi32(v[i][0], v[i][1]),
+                                          _mm512_add_epi32(v[i][2], v[i][3]));
+    const int r = i / 2, g = 2 * (i % 2) + h;
+    epilogue_one_a8(dots, g, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);
   }
 }
 
@@ -721,14 +754,19 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       if (!awq && rows <= kA8FewRows) {
         const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         if (rows == 1) {
-          marlin_row_a8<true>(words, 2 * p.size_n, ahead, nullptr, ntiles, qa, sa[0], sq[0], sw,
-                              z, c);
+          marlin_row_a8(words, 2 * p.size_n, ahead, ntiles, qa, sa[0], sq[0], sw, z, c);
           continue;
         }
-        decode_marlin_upanel(words, 2 * p.size_n, ahead, ntiles, panel);
-        for (int64_t r = 0; r < rows; ++r)
-          marlin_row_a8<false>(nullptr, 0, false, panel, ntiles, qa + r * p.lda_q,
-                               sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
+        // pairs of rows, half a chunk per pass; an odd last row by the one-row path
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2)
+          for (int h = 0; h < 2; ++h)
+            marlin_2rows_half_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, h,
+                                 qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
+                                 sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
+        if (r < rows)
+          marlin_row_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, qa + r * p.lda_q,
+                        sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
         continue;
       }
       if (!awq) decode_panel(p, k0, ch, panel);
