@@ -250,8 +250,11 @@ A8_DOC = """Numerics of the int8-activation mode (w4a8_gemm, awq_gemm_a8).
     ``a / sa``, <= 127 * 2^-24 * sa); it dominates. tests/test_int8_act.py checks the bound on
     random inputs and on blocks with outliers, and the kernel against
     :func:`w4kernels.reference.w4a8_gemm` (the same quantized activation, float64 sums).
-    Measured typical error (relative Frobenius norm of ``out - a @ w`` over ``|a @ w|``, random
-    normal activations and weights, K = 4096, group 128): see README "int8-activation mode".
+    Measured typical error (relative Frobenius norm of ``out - a @ w`` over ``|a @ w|``; normal
+    activations, uniform codes, scales 0.001-0.02 of both signs, M = 16, K = 4096, N = 512):
+    5.3e-3 to 6.7e-3 for bf16 and fp16 alike (groups 32 and 128, per channel), against
+    1.7e-3 to 2.2e-3 (bf16) and 2.1e-4 to 2.8e-4 (fp16) for the exact ``w4a16_gemm`` on the same
+    inputs (its error is the rounding of the weight and of the output to T).
     """
 
 
