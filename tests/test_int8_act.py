@@ -162,9 +162,11 @@ def test_w4a8_gemm_reference_paths_and_bound(case):
 
 
 def test_w4a8_gemm_m_sweep_paths():
-    """M = 1..8 and 11 (the few-rows path up to 4 rows, tiles of 6 above, their remainders)."""
-    args, a_rows, w, group = marlin_case(11, 512, 128, 64, BF, "k_full", True, True, seed=3)
-    for m in list(range(1, 9)) + [11]:
+    """M = 1..8, 11, 16, 17: the Marlin paths by rows (1: one row in registers; 2-4: row pairs
+    over half chunks; 5-16: one panel zmm for all rows; 17+: L1 panels and 6-row tiles with
+    their remainders)."""
+    args, a_rows, w, group = marlin_case(17, 512, 128, 64, BF, "k_full", True, True, seed=3)
+    for m in list(range(1, 9)) + [11, 16, 17]:
         a = args[0][:m]
         am = [a] + args[1:7] + [m] + args[8:]
         out = ops.w4a8_gemm(*am)

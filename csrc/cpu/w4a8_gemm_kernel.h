@@ -654,6 +654,55 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
   }
 }
 
+// Marlin, 5-16 rows: panel zmm g (16 columns) of one block, decoded in registers and used by
+// every row at once (R accumulators): the words c = 4(g % 2) .. + 3 of each k-tile split as d1
+// (g < 2) or d2, the 128-bit block transpose gives the 4 quads. No panel store and reload; the
+// words are read twice per block (g and g + 2 share them), from L1.
+template <int R>
+W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_g_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int g,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
+  const __m512i ctl = g < 2 ? _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                  0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1))
+                            : _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                  8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+#define W4K_A8_DECL(r) __m512i acc##r = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
+  W4K_A8_DECL(6) W4K_A8_DECL(7) W4K_A8_DECL(8) W4K_A8_DECL(9) W4K_A8_DECL(10) W4K_A8_DECL(11)
+  W4K_A8_DECL(12) W4K_A8_DECL(13) W4K_A8_DECL(14) W4K_A8_DECL(15)
+#undef W4K_A8_DECL
+  words += 64 * (g % 2);
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const int32_t* w = words + kt * tile_stride;
+    if (ahead) prefetch_tile(w - 64 * (g % 2) + ntiles * tile_stride);
+    __m512i v[4];
+    for (int cc = 0; cc < 4; ++cc) {
+      const __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512(w + 16 * cc), ctl);
+      v[cc] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xa8);
+    }
+    transpose_blocks(v);
+    const int8_t* q0 = qa + 16 * kt;
+    for (int t = 0; t < 4; ++t) {
+#define W4K_A8_ROW(r)                                                                         \
+  if constexpr (R > r)                                                                        \
+    acc##r = _mm512_dpbusd_epi32(                                                             \
+        acc##r, v[t], _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q + 4 * t)));
+      W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
+      W4K_A8_ROW(6) W4K_A8_ROW(7) W4K_A8_ROW(8) W4K_A8_ROW(9) W4K_A8_ROW(10) W4K_A8_ROW(11)
+      W4K_A8_ROW(12) W4K_A8_ROW(13) W4K_A8_ROW(14) W4K_A8_ROW(15)
+#undef W4K_A8_ROW
+    }
+  }
+#define W4K_A8_EPI(r) \
+  if constexpr (R > r) epilogue_one_a8(acc##r, g, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
+  W4K_A8_EPI(6) W4K_A8_EPI(7) W4K_A8_EPI(8) W4K_A8_EPI(9) W4K_A8_EPI(10) W4K_A8_EPI(11)
+  W4K_A8_EPI(12) W4K_A8_EPI(13) W4K_A8_EPI(14) W4K_A8_EPI(15)
+#undef W4K_A8_EPI
+}
+
 // R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
 // the fp32 accumulators c (panel order, row stride ldc). Named accumulators, not an array: GCC
 // spills an array of __m512i to the stack on every iteration. Not inlined: inside the driver
@@ -699,6 +748,11 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
 constexpr int kA8TileRows = W4K_A8_TILE_ROWS;
 // Up to this many rows (per item) Marlin takes the few-rows path (no block transpose).
 constexpr int64_t kA8FewRows = 4;
+// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows.
+#ifndef W4K_A8_GROUP_ROWS
+#define W4K_A8_GROUP_ROWS 16
+#endif
+constexpr int64_t kA8GroupRows = W4K_A8_GROUP_ROWS;
 
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
@@ -767,6 +821,25 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         if (r < rows)
           marlin_row_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, qa + r * p.lda_q,
                         sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
+        continue;
+      }
+      if (!awq && rows <= kA8GroupRows) {
+        const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        const int64_t lds = p.num_blocks, ts = 2 * p.size_n;
+        for (int gz = 0; gz < 4; ++gz) {
+          const bool pf = ahead && gz == 0;
+#define W4K_A8_CASE(n)                                                                         \
+  case n:                                                                                      \
+    marlin_rows_g_a8<n>(words, ts, pf, ntiles, gz, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); \
+    break;
+          switch (rows) {
+            W4K_A8_CASE(5) W4K_A8_CASE(6) W4K_A8_CASE(7) W4K_A8_CASE(8) W4K_A8_CASE(9)
+            W4K_A8_CASE(10) W4K_A8_CASE(11) W4K_A8_CASE(12) W4K_A8_CASE(13) W4K_A8_CASE(14)
+            W4K_A8_CASE(15) W4K_A8_CASE(16)
+            default: break;
+          }
+#undef W4K_A8_CASE
+        }
         continue;
       }
       if (!awq) decode_panel(p, k0, ch, panel);
