@@ -194,7 +194,7 @@ def test_w4a8_gemm_strided_a_and_wrapper_shapes():
 
 AWQ_CASES = [(1, 256, 128, 128, BF), (4, 512, 192, 64, FP), (6, 256, 64, 32, BF),
              (9, 1024, 128, 1024, FP), (300, 128, 128, 64, BF), (2, 11008, 128, 128, BF),
-             (17, 256, 320, 128, FP)]
+             (17, 256, 320, 128, FP), (1, 512, 320, 64, FP), (3, 256, 576, 32, BF)]
 
 
 @pytest.mark.parametrize("case", AWQ_CASES, ids=[f"m{c[0]}-k{c[1]}-n{c[2]}-g{c[3]}-"

@@ -598,6 +598,44 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
 #undef W4K_A8_EPI
 }
 
+// AWQ, one row, 4 chunks (256 columns: 128 contiguous bytes of each weight row) per pass:
+// each row's two lines are read once, 16 accumulators. sw4 / z4: the 4 chunks' scales and zero
+// points in panel order, 64 each; c: 4 x 64 fp32 sums.
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_row_4ch_a8(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    const int8_t* qa, float sa, int32_t sumqa, const float* sw4, const int32_t* z4, float* c) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+#define W4K_A8_DECL(j) \
+  __m512i a##j##0 = _mm512_setzero_si512(), a##j##1 = _mm512_setzero_si512(), \
+          a##j##2 = _mm512_setzero_si512(), a##j##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r) {
+        const char* next = reinterpret_cast<const char*>(words + r * ldq + ahead_words);
+        _mm_prefetch(next, _MM_HINT_T1);
+        _mm_prefetch(next + 64, _MM_HINT_T1);
+      }
+    const __m512i av = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
+#define W4K_A8_CH(j)                                       \
+  {                                                        \
+    __m512i e[4];                                          \
+    decode_awq_quad_regs(words + 8 * j, ldq, ix, e);       \
+    a##j##0 = _mm512_dpbusd_epi32(a##j##0, e[0], av);      \
+    a##j##1 = _mm512_dpbusd_epi32(a##j##1, e[1], av);      \
+    a##j##2 = _mm512_dpbusd_epi32(a##j##2, e[2], av);      \
+    a##j##3 = _mm512_dpbusd_epi32(a##j##3, e[3], av);      \
+  }
+    W4K_A8_CH(0) W4K_A8_CH(1) W4K_A8_CH(2) W4K_A8_CH(3)
+#undef W4K_A8_CH
+  }
+  epilogue_row_a8(a00, a01, a02, a03, sa, sumqa, sw4, z4, c);
+  epilogue_row_a8(a10, a11, a12, a13, sa, sumqa, sw4 + 64, z4 + 64, c + 64);
+  epilogue_row_a8(a20, a21, a22, a23, sa, sumqa, sw4 + 128, z4 + 128, c + 128);
+  epilogue_row_a8(a30, a31, a32, a33, sa, sumqa, sw4 + 192, z4 + 192, c + 192);
+}
+
 // Marlin, two rows, half a chunk (words c = 4h .. 4h + 3 of every k-tile: panel zmm g = h and
 // 2 + h) decoded in registers: 2 rows x 8 accumulators. Two rows share each decode; the two
 // halves are separate passes over the block, so no word is decoded twice per row pair.
@@ -776,6 +814,29 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
     const bool ahead = b + 1 < p.num_blocks;
     if (awq && rows > kA8FewRows) decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
     for (int64_t ch = ch0; ch < ch1; ++ch) {
+      if (awq && rows == 1 && (ch - ch0) % 4 == 0 && ch + 4 <= ch1) {
+        alignas(64) float sw4[256];
+        alignas(64) int32_t z4[256];
+        for (int j = 0; j < 4; ++j) {
+          gather_scales_zeros_avx512(p, tb, g, ch + j, sw4 + 64 * j, z4 + 64 * j);
+          if (ahead) {
+            const int64_t gn = (k0 + p.block) / p.group_size;
+            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j)),
+                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j) + 32),
+                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * (ch + j)),
+                         _MM_HINT_T0);
+          }
+        }
+        const int64_t ldq = p.size_n / 8;
+        awq_row_4ch_a8(p.qweight + k0 * ldq + 8 * ch, ldq, nq, ahead, p.block * ldq,
+                       p.qa + m0 * p.lda_q + k0, p.sa[m0 * p.num_blocks + b],
+                       p.sumqa[m0 * p.num_blocks + b], sw4, z4,
+                       acc_buf.data() + 64 * (ch - ch0));
+        ch += 3;
+        continue;
+      }
       uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
