@@ -20,13 +20,13 @@
 // epilogue to 1/32 of the vpdpbusd work and the activation rounding local (an outlier only
 // coarsens its own 128 values); a block always lies inside one weight group.
 //
-// AVX-512 (VNNI) path. Per (block b, 64-column chunk) the weight codes are decoded once into a
-// u8 panel in L1: panel[quad][g][16 lanes][4 bytes], one zmm per (quad of 4 k-rows, 16 columns),
-// every 32-bit lane = 4 codes of ONE column. The activations are laid out once per call in the
-// matching k order, so the micro-kernel is a plain register-tiled GEMM: for each quad, 4 weight
-// zmm loads and R x 4 vpdpbusd with the 4 activation bytes of each row broadcast (R <= 6 rows).
-// The column order inside a panel is fixed per format (PanelTables::col); the scales and zero
-// points are gathered into it per block, the output is put back into natural order at the end.
+// AVX-512 (VNNI) path. Per (block b, 64-column chunk) the weight codes are decoded into zmm
+// that hold, per 32-bit lane, 4 codes of ONE column (a quad of 4 k-rows x 16 columns): every
+// call, no re-layout. The activations are laid out once per call in the matching k order, so
+// the arithmetic is a plain register-tiled GEMM: vpdpbusd of a weight zmm with the 4 activation
+// bytes of a row broadcast. The column order inside a 64-column panel is fixed per format
+// (PanelTables::col); the scales and zero points are gathered into it per block and the output
+// is put back into natural order at the end.
 //
 // * Marlin: a k-tile's 16 words 16c .. 16c + 15 (128-bit block t, lane j) hold, in byte pairs,
 //   column A = 16j + c (bytes 0, 2) and B = A + 8 (bytes 1, 3) of rows 2t, 2t + 8 (byte 0 / 1
@@ -35,11 +35,16 @@
 //   (x | x << 12) & 0x0f0f0f0f (a shift, a vpternlogd) spreads its 4 nibbles to 4 bytes:
 //   rows (2t, 2t + 1, 2t + 8, 2t + 9) of one column. A 4 x 4 transpose of 128-bit blocks
 //   (8 vshufi64x2 per 4 zmm) gives one zmm per quad t. So the activations of each k-tile are
-//   ordered [0 1 8 9 | 2 3 10 11 | 4 5 12 13 | 6 7 14 15]. ~6 instructions per 64 weights.
-// * AWQ: per quad, the 4 rows' 32 bytes (64 columns) are split into nibbles (a 256-bit
-//   broadcast, vpsrlvq by 0 / 4, and), then interleaved with vpunpck{l,h}bw and vpunpck{l,h}wd:
-//   dword = rows (k, k + 1, k + 2, k + 3) of one column, natural k order. 16 instructions per
-//   256 weights.
+//   ordered [0 1 8 9 | 2 3 10 11 | 4 5 12 13 | 6 7 14 15]. By rows of the work item: 1 row
+//   (marlin_row_a8) and 2-4 rows (marlin_2rows_half_a8) skip the transpose and keep the 128-bit
+//   blocks' partial sums apart until the end of the block; 5-16 rows (marlin_rows_g_a8) decode
+//   one 16-column zmm at a time for all rows; more rows decode an L1 panel per (block, chunk)
+//   and run 6-row x 64-column tiles (tile_a8).
+// * AWQ: per quad, one vpermt2b per output zmm gathers byte 4w + b of the 4 rows (held in two
+//   zmm) into a dword, then the low or high nibble is kept (decode_awq_quad_regs): dword = rows
+//   (k, k + 1, k + 2, k + 3) of one column, natural k order; 14 instructions per 256 weights.
+//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: one chunk per pass (awq_rows_a8);
+//   more rows: L1 panels of an item's 2 chunks (decode_awq_panels) and tile_a8.
 //
 // Portable path: the same activation quantization in scalar C++ and, per output, the same
 // integer sums and the same fp32 epilogue.
@@ -780,17 +785,11 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
 #undef W4K_A8_EPI
 }
 
-#ifndef W4K_A8_TILE_ROWS
-#define W4K_A8_TILE_ROWS 6
-#endif
-constexpr int kA8TileRows = W4K_A8_TILE_ROWS;
+constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
 // Up to this many rows (per item) Marlin takes the few-rows path (no block transpose).
 constexpr int64_t kA8FewRows = 4;
 // Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows.
-#ifndef W4K_A8_GROUP_ROWS
-#define W4K_A8_GROUP_ROWS 16
-#endif
-constexpr int64_t kA8GroupRows = W4K_A8_GROUP_ROWS;
+constexpr int64_t kA8GroupRows = 16;
 
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
