@@ -1,8 +1,8 @@
 // CPU bindings of the int8-activation mode: w4a8_gemm (Marlin-format weights, the tensors of
 // w4a16_gemm) and awq_gemm_a8 (AutoAWQ qweight / scales / qzeros, as awq_gemm). Checks
 // (w4a8_checks.h), the per-call activation quantization and the work split on the w4a16 work
-// queue; the kernel is torch-free: cpu/w4a8_gemm_kernel.h. CPU only: the CUDA key gets an error
-// that says so.
+// queue; the kernel is torch-free: cpu/w4a8_gemm_kernel.h (scheme, portable path) and
+// cpu/w4a8_gemm_avx512.h. CPU only: the CUDA key gets an error that says so.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads
 #include <torch/library.h>
@@ -12,6 +12,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_work_queue.h"
+#include "cpu/w4a8_gemm_avx512.h"
 #include "cpu/w4a8_gemm_kernel.h"
 #include "w4a8_checks.h"
 
