@@ -5,7 +5,9 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
 
 * ours: ``awq_gemm`` (AutoAWQ tensors as stored, bf16 and fp16 activations, group 128),
   ``w4a16_gemm`` (Marlin: GPTQ g128, AWQ zero points g128, GPTQ act-order g128; bf16),
-  ``dyn_quant_matmul_4bit`` (KleidiAI int8 x int4, block 128, fp32 in/out);
+  ``dyn_quant_matmul_4bit`` (KleidiAI int8 x int4, block 128, fp32 in/out), and the
+  int8-activation mode ``w4a8_gemm`` (Marlin GPTQ g128 and AWQ zero points g128, bf16) and
+  ``awq_gemm_a8`` (AutoAWQ tensors, bf16);
 * torch: fp32 and bf16 ``F.linear`` on the dense weight, ``aten._weight_int4pack_mm_for_cpu``
   (bf16, g128), and ``awq_dequantize`` + bf16 ``torch.matmul`` (the un-fused route, which the
   dispatch rule below compares against ``awq_gemm``);
@@ -21,7 +23,8 @@ Per row: median ms, weight GB/s (the format's weight bytes, scales included, ove
 % of the read probe, GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
 bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows), and for our
 rows the ratio to the fastest competitor of the same arithmetic (>1: we are faster): exact bf16
-(torch bf16, torch int4, ORT level 0) or int8 (ORT level 4). Then the dispatch rule: the
+(torch bf16, torch int4, ORT level 0) or int8 (ORT level 4); the int8-activation rows also get
+``x kai``, KleidiAI's ms / ours (the issue's bar for the mode). Then the dispatch rule: the
 smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
 
 ``--isa avx2,scalar`` adds ``awq_gemm`` and ``w4a16`` rows run with ``W4K_CPU_ISA`` capped to
@@ -223,6 +226,29 @@ def m_w4a16(k, n, gen, quick, kind):
     return wb, c, lambda x, i: ms[i].gemm(x)
 
 
+def m_w4a8(k, n, gen, quick, kind):
+    """The int8-activation mode on the tensors of the w4a16 rows (Marlin GPTQ / AWQ zp)."""
+    wb = k * n // 2 + (k // GROUP) * n * (2.5 if kind == "awq" else 2)
+    c = n_copies(wb, quick)
+    if kind == "awq":
+        ms = [quant.awq_to_marlin(_awq_random(k, n, gen, torch.bfloat16)) for _ in range(c)]
+    else:
+        ms = [quant.gptq_to_marlin(_gptq_random(k, n, gen, False)) for _ in range(c)]
+
+    def call(x, i):
+        w = ms[i]
+        return ops.w4a8_gemm(x, w.b_q_weight, w.b_scales, w.b_zeros, None, None, 4, x.shape[0],
+                             n, k)
+    return wb, c, call
+
+
+def m_awq_a8(k, n, gen, quick):
+    wb = k * n // 2 + (k // GROUP) * n * 2.5
+    c = n_copies(wb, quick)
+    ws = [_awq_random(k, n, gen, torch.bfloat16) for _ in range(c)]
+    return wb, c, lambda x, i: ops.awq_gemm_a8(x, ws[i].qweight, ws[i].scales, ws[i].qzeros)
+
+
 def m_kleidiai(k, n, gen, quick):
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
     s = (torch.rand(n, k // GROUP, generator=gen) * 0.01).bfloat16()
@@ -312,6 +338,9 @@ METHODS = {
     "w4a16 awq-zp bf16": ("bf16", "bf16", True),
     "w4a16 act-order bf16": ("bf16", "bf16", True),
     "kleidiai int8": ("int8", "fp32", True),
+    "w4a8 gptq bf16": ("int8", "bf16", True),
+    "w4a8 awq-zp bf16": ("int8", "bf16", True),
+    "awq_gemm_a8 bf16": ("int8", "bf16", True),
     "awq dequant+mm": ("bf16", "bf16", False),
     "torch fp32": ("fp32", "fp32", False),
     "torch bf16": ("bf16", "bf16", False),
@@ -323,6 +352,7 @@ METHODS = {
 # with fp32 sums, or int8 activations).
 EXACT_PEERS = ["torch bf16", "torch int4 bf16", "ort acc0"]
 INT8_PEERS = ["ort acc4"]
+INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also ranked vs KleidiAI
 
 
 def with_isa(built, isa):
@@ -346,10 +376,14 @@ def build(name, k, n, gen, quick, threads):
     if " @" in name:  # "awq_gemm bf16 @avx2", "w4a16 gptq bf16 @scalar": the ISA capped
         base, isa = name.split(" @")
         return with_isa(build(base, k, n, gen, quick, threads), isa)
+    if name == "awq_gemm_a8 bf16":
+        return m_awq_a8(k, n, gen, quick)
     if name.startswith("awq_gemm"):
         return m_awq(k, n, gen, quick, torch.bfloat16 if "bf16" in name else torch.float16)
     if name == "awq dequant+mm":
         return m_awq_dequant_mm(k, n, gen, quick)
+    if name.startswith("w4a8"):
+        return m_w4a8(k, n, gen, quick, "awq" if "awq" in name else "gptq")
     if name.startswith("w4a16"):
         return m_w4a16(k, n, gen, quick, name.split()[1].replace("awq-zp", "awq")
                        .replace("act-order", "act"))
@@ -418,14 +452,14 @@ def main(argv=None):
     names = [s for s in args.methods.split(",") if s]
     for isa in [v for v in args.isa.split(",") if v]:
         for base in [s for s in names
-                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s]:
+                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s
+                     and s not in INT8_MODE]:
             METHODS[f"{base} @{isa}"] = METHODS[base]
             names.append(f"{base} @{isa}")
     if not ort_available():
         print("ONNX Runtime rows skipped: onnxruntime/onnx not installed "
               "(optional: pip install onnxruntime onnx)")
         names = [s for s in names if not s.startswith("ort")]
-    print("int8-activation mode of awq_gemm/w4a16_gemm: not implemented; no row")
     gen = torch.Generator().manual_seed(0)
 
     probes = None if quick else load_probes()
@@ -469,7 +503,7 @@ def main(argv=None):
         print(f"\nN={n} K={k}  (weight GB/s counts the format's weight + scale bytes; "
               f"x best = best same-arithmetic competitor's ms / ours)")
         print(f"{'M':>4} {'method':<22} {'ms':>9} {'wGB/s':>7} {'%bw':>5} {'GFLOP/s':>8} "
-              f"{'%peak':>6} {'x best':>7}" + (f" {'loaded ms':>10} {'slowdown':>8}" if loaded else ""))
+              f"{'%peak':>6} {'x best':>7} {'x kai':>6}" + (f" {'loaded ms':>10} {'slowdown':>8}" if loaded else ""))
         for m in ms:
             for name, (wb, c, fn) in built.items():
                 t = results[(n, k, name, m)]
@@ -482,8 +516,11 @@ def main(argv=None):
                     ts = [results[(n, k, p, m)] for p in peers if (n, k, p, m) in results]
                     if ts:
                         best = f"{min(ts) / t:.2f}"
+                kai = "-"
+                if name in INT8_MODE and (n, k, "kleidiai int8", m) in results:
+                    kai = f"{results[(n, k, 'kleidiai int8', m)] / t:.2f}"
                 line = (f"{m:>4} {name:<22} {t * 1e3:9.3f} {wb / t / 1e9:7.1f} "
-                        f"{100 * wb / t / bw:4.0f}% {flops / 1e9:8.1f} {pk:>6} {best:>7}")
+                        f"{100 * wb / t / bw:4.0f}% {flops / 1e9:8.1f} {pk:>6} {best:>7} {kai:>6}")
                 if loaded:
                     tl = loaded[(n, k, name, m)]
                     line += f" {tl * 1e3:10.3f} {tl / t:7.1f}x"

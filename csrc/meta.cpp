@@ -9,6 +9,7 @@
 
 #include "kleidiai_checks.h"
 #include "meta_kernels.h"
+#include "w4a8_checks.h"
 
 namespace w4k {
 namespace meta {
@@ -90,6 +91,26 @@ at::Tensor dyn_quant_matmul_4bit(const at::Tensor& inp, const at::Tensor& packed
   return at::empty_symint(shape, meta_options(inp, inp.scalar_type()));
 }
 
+at::Tensor w4a8_gemm(const at::Tensor& a, const at::Tensor& b_q_weight,
+                     const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
+                     const std::optional<at::Tensor>& g_idx, const std::optional<at::Tensor>& perm,
+                     int64_t num_bits, c10::SymInt size_m, c10::SymInt size_n_s,
+                     c10::SymInt size_k_s, bool is_k_full, const std::optional<at::Tensor>& b_bias) {
+  const int64_t size_n = concrete(size_n_s), size_k = concrete(size_k_s);
+  check_w4a8_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm, num_bits, size_m, size_n,
+                       size_k, is_k_full, b_bias,
+                       served_device({&a, &b_q_weight, &b_scales, maybe(b_zeros), maybe(g_idx),
+                                      maybe(perm), maybe(b_bias)}));
+  return at::empty_symint({size_m, size_n}, meta_options(a, a.scalar_type()));
+}
+
+at::Tensor awq_gemm_a8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       const at::Tensor& qzeros) {
+  check_awq_gemm_a8_args(x, qweight, scales, qzeros, served_device({&x, &qweight, &scales, &qzeros}));
+  return at::empty_symint({x.sym_size(0), 8 * qweight.sym_size(1)},
+                          meta_options(x, x.scalar_type()));
+}
+
 }  // namespace
 }  // namespace meta
 }  // namespace w4k
@@ -106,4 +127,6 @@ TORCH_LIBRARY_IMPL(w4kernels, Meta, m) {
   m.impl("matmul_clamp_f32_qai8dxp_qsi4c32p", &matmul<true>);
   m.impl("dyn_quant_pack_4bit_weight", &dyn_quant_pack_4bit_weight);
   m.impl("dyn_quant_matmul_4bit", &dyn_quant_matmul_4bit);
+  m.impl("w4a8_gemm", &w4a8_gemm);
+  m.impl("awq_gemm_a8", &awq_gemm_a8);
 }

@@ -4,7 +4,10 @@
 
 #include "schemas.h"
 
-TORCH_LIBRARY(w4kernels, m) { w4k::define_ops(m); }
+TORCH_LIBRARY(w4kernels, m) {
+  w4k::define_ops(m);
+  w4k::define_cpu_only_ops(m);
+}
 
 // `import w4kernels._C` loads this shared object, which runs the registrations above.
 extern "C" PyObject* PyInit__C(void) {

@@ -75,4 +75,16 @@ inline void define_ops(torch::Library& m) {
   m.def("kleidiai_isa(str isa=\"auto\") -> str");
 }
 
+// The int8-activation mode (CPU only, so not in the emulator namespace): activations quantized
+// per call to int8 per block of K, int4 x int8 sums exact in int32 (vpdpbusd), fp32 scaling.
+// Never the default of w4a16_gemm / awq_gemm; csrc/cpu/w4a8_gemm_kernel.h has the scheme.
+inline void define_cpu_only_ops(torch::Library& m) {
+  // Marlin-format tensors of w4a16_gemm (no workspace: the CPU has no split-K counters).
+  m.def("w4a8_gemm(Tensor a, Tensor b_q_weight, Tensor b_scales, Tensor? b_zeros, "
+        "Tensor? g_idx, Tensor? perm, int num_bits, SymInt size_m, SymInt size_n, "
+        "SymInt size_k, bool is_k_full=True, Tensor? b_bias=None) -> Tensor");
+  // AutoAWQ qweight / scales / qzeros as awq_gemm takes them (no split_k_iters: GPU only).
+  m.def("awq_gemm_a8(Tensor x, Tensor qweight, Tensor scales, Tensor qzeros) -> Tensor");
+}
+
 }  // namespace w4k

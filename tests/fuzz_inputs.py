@@ -131,7 +131,15 @@ def _build_valid_calls():
         "rhs_packed_size_qsi4c32p": (dict(n=8, k=64, bl=32, nr=8, kr=16, sr=2), "exact"),
         "lhs_packed_size_qai8dxp": (dict(m=3, k=64, mr=4, kr=16, sr=2), "exact"),
     }
-    calls = {("w4kernels", k): v for k, v in {**marlin_awq, **kleidiai}.items()}
+    # The int8-activation mode (CPU only: not in the emulator namespace).
+    w4a8_args = ["a", "b_q_weight", "b_scales", "b_zeros", "g_idx", "perm", "num_bits", "size_m",
+                 "size_n", "size_k", "is_k_full", "b_bias"]
+    int8_mode = {
+        "w4a8_gemm": ({k: w[k] for k in w4a8_args}, "gemm"),
+        "awq_gemm_a8": (dict(x=torch.randn(3, 64, generator=g).to(HALF), qweight=q, scales=s,
+                             qzeros=z), "gemm"),
+    }
+    calls = {("w4kernels", k): v for k, v in {**marlin_awq, **kleidiai, **int8_mode}.items()}
     if w4kernels.HAS_SIMT:
         calls.update({("w4kernels_simt", k): v for k, v in marlin_awq.items()})
     return calls

@@ -84,6 +84,14 @@ def _as_half_input(where: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return x if x.dtype == dtype else x.to(dtype)
 
 
+_ACT_QUANT = (None, "int8")
+
+
+def _check_act_quant(where: str, act_quant) -> None:
+    if act_quant not in _ACT_QUANT:
+        raise ValueError(f"{where}: act_quant must be None or 'int8', got {act_quant!r}")
+
+
 # ---- Marlin (w4a16_gemm) -----------------------------------------------------------------------
 
 
@@ -122,11 +130,17 @@ class MarlinLinear(nn.Module):
         act_order: whether the layer has row groups given by ``g_idx`` (GPTQ ``desc_act``).
         dtype: compute dtype, float16 or bfloat16.
         device: where the buffers live.
+        act_quant: None (default: ``w4a16_gemm``, the exact contract) or ``"int8"``: the CPU
+            int8-activation mode ``ops.w4a8_gemm`` (activations quantized per call to int8 per
+            block of K; extra error bounded in ``ops.A8_DOC``; CPU only; the group size must
+            be a multiple of 16 dividing K, act-order layers need ``is_k_full``). An attribute:
+            ``module.act_quant = "int8"`` switches a built or loaded module; not in the
+            state_dict.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  group_size: int = 128, zero_points: bool = False, act_order: bool = False,
-                 dtype: torch.dtype = torch.float16, device=None):
+                 dtype: torch.dtype = torch.float16, device=None, act_quant: Optional[str] = None):
         super().__init__()
         where = "MarlinLinear"
         if in_features <= 0 or in_features % 16:
@@ -156,6 +170,17 @@ class MarlinLinear(nn.Module):
         self.register_buffer("perm", torch.zeros(k if self.row_groups else 0, **i32))
         self.register_buffer("bias", torch.zeros(n, dtype=dtype, device=device) if bias else None)
         self.register_buffer("workspace", ops.marlin_workspace(n, device), persistent=False)
+        self.act_quant = act_quant
+
+    @property
+    def act_quant(self) -> Optional[str]:
+        """None (exact ``w4a16_gemm``) or ``"int8"`` (``w4a8_gemm``, CPU)."""
+        return self._act_quant
+
+    @act_quant.setter
+    def act_quant(self, value: Optional[str]) -> None:
+        _check_act_quant(type(self).__name__, value)
+        self._act_quant = value
 
     # -- construction --
 
@@ -358,6 +383,11 @@ class MarlinLinear(nn.Module):
                             f"convert the module with .to(torch.bfloat16) or .half()")
         a = _as_half_input("MarlinLinear", x, dtype)
         size_m = math.prod(a.shape[:-1])
+        if self.act_quant == "int8":
+            out = ops.w4a8_gemm(a, self.qweight, self.scales, self.qzeros, self.g_idx, self.perm,
+                                4, size_m, self.out_features, self.in_features, self.is_k_full,
+                                self.bias)
+            return out if out.dtype == x.dtype else out.to(x.dtype)
         out = ops.w4a16_gemm(a, self.qweight, self.scales, self.qzeros, self.g_idx, self.perm,
                              self.workspace, 4, size_m, self.out_features, self.in_features,
                              self.is_k_full, self.bias)
@@ -367,7 +397,8 @@ class MarlinLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, group_size={self.group_size}, "
                 f"zero_points={self.zero_points}, act_order={self.act_order}, "
-                f"dtype={self.scales.dtype}")
+                f"dtype={self.scales.dtype}" +
+                (f", act_quant={self.act_quant}" if self.act_quant else ""))
 
 
 def _check_sym(where: str, sym: bool, g: quant.GPTQWeight, checkpoint_format: str) -> None:
@@ -418,10 +449,15 @@ class AWQLinear(nn.Module):
     Args:
         in_features: K (group_size must divide it). out_features: N, a multiple of 8.
         bias, group_size (-1 or > 0), dtype (float16/bfloat16), device.
+        act_quant: None (default: ``awq_gemm``) or ``"int8"``: the CPU int8-activation mode
+            ``ops.awq_gemm_a8`` on the same tensors (group size a multiple of 16, N a multiple
+            of 64; extra error bounded in ``ops.A8_DOC``). An attribute, as in
+            :class:`MarlinLinear`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 group_size: int = 128, dtype: torch.dtype = torch.float16, device=None):
+                 group_size: int = 128, dtype: torch.dtype = torch.float16, device=None,
+                 act_quant: Optional[str] = None):
         super().__init__()
         where = "AWQLinear"
         _check_group_size(where, group_size)
@@ -442,12 +478,18 @@ class AWQLinear(nn.Module):
                                                    device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device)
                              if bias else None)
+        self.act_quant = act_quant
+
+    act_quant = MarlinLinear.act_quant
 
     @classmethod
     def from_float(cls, linear: nn.Linear, group_size: int = 128, act_order: bool = False,
-                   dtype: Optional[torch.dtype] = None) -> "AWQLinear":
+                   dtype: Optional[torch.dtype] = None,
+                   act_quant: Optional[str] = None) -> "AWQLinear":
         """Quantize a float ``nn.Linear`` with :func:`quant.quantize_awq` (round to nearest,
-        asymmetric). ``act_order`` must be False (awq_gemm has no row permutation)."""
+        asymmetric). ``act_order`` must be False (awq_gemm has no row permutation).
+        ``act_quant``: as the constructor's."""
+        _check_act_quant("AWQLinear.from_float", act_quant)
         _check_linear("AWQLinear.from_float", linear)
         if act_order:
             raise ValueError("AWQLinear.from_float: act_order=True is not servable by awq_gemm "
@@ -455,6 +497,7 @@ class AWQLinear(nn.Module):
         dtype = _compute_dtype("AWQLinear.from_float", dtype, linear.weight.dtype)
         a = quant.quantize_awq(_float_weight(linear), group_size, dtype)
         m = cls.from_awq(a.qweight, a.qzeros, a.scales, _bias_of(linear), group_size, dtype)
+        m.act_quant = act_quant
         return m.to(linear.weight.device)
 
     @classmethod
@@ -510,7 +553,10 @@ class AWQLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = _as_half_input("AWQLinear", x, self.scales.dtype)
-        out = ops.awq_gemm(a, self.qweight, self.scales, self.qzeros)
+        if self.act_quant == "int8":
+            out = ops.awq_gemm_a8(a, self.qweight, self.scales, self.qzeros)
+        else:
+            out = ops.awq_gemm(a, self.qweight, self.scales, self.qzeros)
         if self.bias is not None:
             out = out + self.bias
         return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -518,7 +564,8 @@ class AWQLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, group_size={self.group_size}, "
-                f"dtype={self.scales.dtype}")
+                f"dtype={self.scales.dtype}" +
+                (f", act_quant={self.act_quant}" if self.act_quant else ""))
 
 
 # ---- KleidiAI (dyn_quant_matmul_4bit) ----------------------------------------------------------

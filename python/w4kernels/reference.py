@@ -295,6 +295,77 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
     return out
 
 
+# ---- int8-activation mode (w4a8_gemm, awq_gemm_a8) ----------------------------------------
+
+
+def a8_block_size(group_size: int) -> int:
+    """Activation block of the int8 mode for a weight group of ``group_size`` rows of K (a
+    multiple of 16): the group up to 128 rows, else the largest of 128, 64, 32, 16 dividing it."""
+    for b in (128, 64, 32, 16):
+        if group_size % b == 0:
+            return b
+    raise ValueError(f"a8_block_size: the group size must be a multiple of 16, got {group_size}")
+
+
+def quantize_a8(a: torch.Tensor, block: int):
+    """Per row and block of ``block`` columns: ``sa = absmax / 127`` (float32) and
+    ``qa = round_half_even(a / sa)`` (int32 in [-127, 127]; 0 where sa is 0, inf or NaN), as the
+    kernels compute them (float32 division, correctly rounded). Returns (qa ``[M, K]``,
+    sa ``[M, K / block]``)."""
+    m, k = a.shape
+    x = a.float().reshape(m, k // block, block)
+    sa = x.abs().amax(-1) / 127
+    ok = (torch.isfinite(sa) & (sa != 0)).unsqueeze(-1)
+    q = torch.where(ok, torch.round(x / torch.where(ok, sa.unsqueeze(-1), 1)), 0)
+    return q.to(torch.int32).reshape(m, k), sa
+
+
+def _a8_gemm(a: torch.Tensor, q: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
+             group_size: int, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """float64 of the int8 mode: a [M, K] (weight row order), codes q [K, N], scales s [G, N],
+    zero points z [G, N]. ``sum_b isum_b * float32(sa_b * sw)``: the integer sums and the
+    float32 scale products are the kernels' own; only the fp32 accumulation and the output
+    rounding are left out."""
+    m, k = a.shape
+    n = q.shape[1]
+    block = a8_block_size(group_size)
+    nb = k // block
+    qa, sa = quantize_a8(a, block)
+    qz = (q - z.repeat_interleave(group_size, dim=0)).double().reshape(nb, block, n)
+    isum = torch.einsum("mbk,bkn->mbn", qa.double().reshape(m, nb, block), qz)  # exact integers
+    group_of_block = torch.arange(nb) * block // group_size
+    t = (sa.unsqueeze(-1) * s.float()[group_of_block].unsqueeze(0)).double()  # float32 products
+    out = (isum * t).sum(1)
+    if bias is not None and bias.numel() > 0:
+        out = out + bias.double()
+    return out
+
+
+def w4a8_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor,
+              b_zeros: Optional[torch.Tensor], g_idx: Optional[torch.Tensor],
+              perm: Optional[torch.Tensor], num_bits: int, size_m: int, size_n: int, size_k: int,
+              is_k_full: bool = True, b_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The int8-activation mode of :func:`w4a16_gemm` in float64 (``ops.A8_DOC``): the
+    activation quantized exactly as the kernels do, then exact sums."""
+    if perm is not None and perm.numel() > 0:
+        a = a[:, perm.long()]
+    q = marlin_unpack(b_q_weight, size_k, size_n)
+    s = marlin_unpermute_scales(b_scales, size_n)
+    if b_zeros is not None and b_zeros.numel() > 0:
+        z = marlin_unpack_zero_points(b_zeros, size_n)
+    else:
+        z = torch.full(tuple(s.shape), 8, dtype=torch.int32)
+    return _a8_gemm(a, q, s, z, size_k // s.shape[0], b_bias)
+
+
+def awq_gemm_a8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                qzeros: torch.Tensor) -> torch.Tensor:
+    """The int8-activation mode of :func:`awq_gemm` in float64 (see :func:`w4a8_gemm`)."""
+    size_k = qweight.shape[0]
+    return _a8_gemm(x, awq_unpack(qweight), scales, awq_unpack(qzeros),
+                    size_k // scales.shape[0], None)
+
+
 # ---- KleidiAI ---------------------------------------------------------------------------------
 #
 # KleidiAI packed layouts: see KAI_LAYOUT (also appended to each packer's docstring).

@@ -1,0 +1,171 @@
+// CPU bindings of the int8-activation mode: w4a8_gemm (Marlin-format weights, the tensors of
+// w4a16_gemm) and awq_gemm_a8 (AutoAWQ qweight / scales / qzeros, as awq_gemm). Checks
+// (w4a8_checks.h), the per-call activation quantization and the work split on the w4a16 work
+// queue; the kernel is torch-free: cpu/w4a8_gemm_kernel.h (scheme, portable path) and
+// cpu/w4a8_gemm_avx512.h. CPU only: the CUDA key gets an error that says so.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>  // at::get_num_threads
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "cpu/w4a16_gemm_work_queue.h"
+#include "cpu/w4a8_gemm_avx512.h"
+#include "cpu/w4a8_gemm_kernel.h"
+#include "w4a8_checks.h"
+
+namespace w4k {
+namespace {
+
+// Quantizes the activations (on the queue), then runs items of (row block, chunk group).
+at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* perm,
+                    const std::optional<at::Tensor>& bias) {
+  const int64_t size_m = p.size_m, size_n = p.size_n, size_k = p.size_k;
+  at::Tensor out = at::empty({size_m, size_n}, a.options());
+  if (size_m == 0) return out;
+  const bool avx512 = cpu_isa() == Isa::kAvx512 && cpu::a8_avx512_supported(p.format);
+  const int threads = static_cast<int>(at::get_num_threads());
+  p.num_blocks = size_k / p.block;
+  // Row stride K + 64: K a multiple of 1024 would put the 6 rows of a tile in the same L1 sets.
+  p.lda_q = size_k + 64;
+  at::Tensor qa = at::empty({size_m, p.lda_q}, a.options().dtype(at::kChar));
+  at::Tensor sa = at::empty({size_m, p.num_blocks}, a.options().dtype(at::kFloat));
+  at::Tensor sumqa = at::empty({size_m, p.num_blocks}, a.options().dtype(at::kInt));
+  at::Tensor bias32;
+  if (bias.has_value()) bias32 = bias->to(at::kFloat).contiguous();  // N elements
+  p.qa = qa.data_ptr<int8_t>();
+  p.sa = sa.data_ptr<float>();
+  p.sumqa = sumqa.data_ptr<int32_t>();
+  p.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
+
+  const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const int64_t lda = a.stride(0);
+  const int64_t rows_per_prep = std::max<int64_t>(1, size_m / (4 * threads));
+  cpu::WorkQueue::instance().run((size_m + rows_per_prep - 1) / rows_per_prep, threads,
+                                 [&](int64_t item) {
+    std::vector<float> scratch(size_k);
+    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_prep);
+    for (int64_t m = item * rows_per_prep; m < m1; ++m)
+      cpu::quantize_a8_row(p, a_bits + m * lda, perm, avx512,
+                           const_cast<int8_t*>(p.qa) + m * p.lda_q,
+                           const_cast<float*>(p.sa) + m * p.num_blocks,
+                           const_cast<int32_t*>(p.sumqa) + m * p.num_blocks, scratch.data());
+  });
+
+  // Items: (row block, group of 64-column chunks). Chunk groups are even (AWQ: a 64-byte line
+  // holds 2 chunks of a row); rows are split only when there are too few chunk groups, and then
+  // into blocks of >= 48 rows (each row block decodes the weights again).
+  const int64_t num_chunks = size_n / 64;
+  int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (8 * threads));
+  chunks_per_item += chunks_per_item % 2;
+  // Large M: keep an item's fp32 accumulators (rows x 64 x chunks floats) within ~256 KiB.
+  while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
+    chunks_per_item -= 2;
+  // AWQ decodes every chunk of an item into L1 panels (block x 64 bytes each): 2 chunks, one
+  // 64-byte line per row. With few rows it decodes in registers, chunk by chunk: 8 chunks, 256
+  // contiguous bytes of each row (AWQ rows are N/2 bytes apart; fewer pages and DRAM rows per
+  // byte than one line per row).
+  if (p.format == cpu::A8Format::kAwq)
+    chunks_per_item = size_m <= cpu::kA8FewRows ? 8 : 2;
+  const int64_t col_items = (num_chunks + chunks_per_item - 1) / chunks_per_item;
+  int64_t row_blocks = 1;
+  if (col_items < 4 * threads)
+    row_blocks = std::max<int64_t>(1, std::min((4 * threads + col_items - 1) / col_items,
+                                               size_m / 48));
+  const int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
+  cpu::WorkQueue::instance().run(col_items * row_blocks, threads, [&](int64_t item) {
+    const int64_t rb = item / col_items, cg = item % col_items;
+    const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
+    const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
+    if (m0 >= m1) return;
+#ifdef W4K_HAVE_A8_AVX512
+    if (avx512) {
+      cpu::w4a8_chunks_avx512(p, ch0, ch1, m0, m1);
+      return;
+    }
+#endif
+    cpu::w4a8_chunks_portable(p, ch0, ch1, m0, m1);
+  });
+  return out;
+}
+
+cpu::HalfType half_type(const at::Tensor& a) {
+  return a.scalar_type() == at::kHalf ? cpu::HalfType::kFloat16 : cpu::HalfType::kBFloat16;
+}
+
+at::Tensor w4a8_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
+                         const at::Tensor& b_scales, const std::optional<at::Tensor>& b_zeros,
+                         const std::optional<at::Tensor>& g_idx,
+                         const std::optional<at::Tensor>& perm, int64_t num_bits, int64_t size_m,
+                         int64_t size_n, int64_t size_k, bool is_k_full,
+                         const std::optional<at::Tensor>& b_bias) {
+  const W4a8GemmArgs args = check_w4a8_gemm_args(a, b_q_weight, b_scales, b_zeros, g_idx, perm,
+                                                 num_bits, size_m, size_n, size_k, is_k_full,
+                                                 b_bias, c10::DeviceType::CPU);
+  cpu::W4a8Problem p{};
+  p.format = cpu::A8Format::kMarlin;
+  p.qweight = b_q_weight.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(b_scales.data_ptr());
+  p.zeros = args.has_zp ? b_zeros->data_ptr<int32_t>() : nullptr;
+  p.size_m = size_m;
+  p.size_n = size_n;
+  p.size_k = size_k;
+  p.num_groups = args.num_groups;
+  p.group_size = args.group_size;
+  p.block = cpu::a8_block_size(args.group_size);
+  p.type = half_type(a);
+  return run_w4a8(p, a, args.has_act_order ? perm->data_ptr<int32_t>() : nullptr,
+                  args.has_bias ? b_bias : std::nullopt);
+}
+
+at::Tensor awq_gemm_a8_cpu(const at::Tensor& x, const at::Tensor& qweight,
+                           const at::Tensor& scales, const at::Tensor& qzeros) {
+  const W4a8GemmArgs args =
+      check_awq_gemm_a8_args(x, qweight, scales, qzeros, c10::DeviceType::CPU);
+  cpu::W4a8Problem p{};
+  p.format = cpu::A8Format::kAwq;
+  p.qweight = qweight.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(scales.data_ptr());
+  p.zeros = qzeros.data_ptr<int32_t>();
+  p.size_m = x.size(0);
+  p.size_n = 8 * qweight.size(1);
+  p.size_k = qweight.size(0);
+  p.num_groups = args.num_groups;
+  p.group_size = args.group_size;
+  p.block = cpu::a8_block_size(args.group_size);
+  p.type = half_type(x);
+  return run_w4a8(p, x, nullptr, std::nullopt);
+}
+
+// The int8 mode is a CPU speed mode: there is no CUDA kernel (w4a16_gemm / awq_gemm are the
+// GPU ops), and a CUDA call says so instead of the dispatcher's generic message.
+at::Tensor w4a8_gemm_cuda(const at::Tensor& a, const at::Tensor&, const at::Tensor&,
+                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                          const std::optional<at::Tensor>&, int64_t, int64_t, int64_t, int64_t,
+                          bool, const std::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "w4a8_gemm: the int8-activation mode is CPU-only (no CUDA kernel); a is on ",
+              a.device(), ": use w4a16_gemm on CUDA");
+}
+
+at::Tensor awq_gemm_a8_cuda(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&) {
+  TORCH_CHECK(false, "awq_gemm_a8: the int8-activation mode is CPU-only (no CUDA kernel); x is "
+              "on ", x.device(), ": use awq_gemm on CUDA");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(w4kernels, CPU, m) {
+  m.impl("w4a8_gemm", &w4a8_gemm_cpu);
+  m.impl("awq_gemm_a8", &awq_gemm_a8_cpu);
+}
+
+TORCH_LIBRARY_IMPL(w4kernels, CUDA, m) {
+  m.impl("w4a8_gemm", &w4a8_gemm_cuda);
+  m.impl("awq_gemm_a8", &awq_gemm_a8_cuda);
+}
+
+}  // namespace w4k

@@ -1,0 +1,660 @@
+// AVX-512 (VNNI, and VBMI for AWQ) path of the int8-activation mode, torch-free: the weight
+// decodes, the register-tiled vpdpbusd kernels and the driver of one work item. The scheme,
+// the layouts and the epilogue order it shares with the portable path are described in
+// cpu/w4a8_gemm_kernel.h. Every function carries its target attribute; the binding calls the
+// driver only after the runtime check (a8_avx512_supported and cpu_isa()).
+#pragma once
+
+#include "cpu/w4a8_gemm_kernel.h"
+
+namespace w4k::cpu {
+
+// ---- AVX-512 VNNI path ----
+
+// The AVX-512 path runs when the CPU has AVX-512 F/BW/VL + VNNI (cpu_isa() == kAvx512, not
+// capped by W4K_CPU_ISA) and, for the AWQ format, VBMI.
+inline bool a8_avx512_supported(A8Format f) {
+#ifdef W4K_HAVE_A8_AVX512
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  return f == A8Format::kMarlin || vbmi;
+#else
+  (void)f;
+  return false;
+#endif
+}
+
+#ifdef W4K_HAVE_A8_AVX512
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define W4K_A8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+// The AWQ decode also needs VBMI (vpermt2b); those functions are called, not inlined, from the
+// driver, which runs them only after the runtime check (a8_avx512_supported).
+#define W4K_A8_TARGET_VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi")))
+
+// Four zmm (row cc, 128-bit block t) -> four zmm (row t, block cc): a 4 x 4 block transpose.
+W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
+  const __m512i t0 = _mm512_shuffle_i64x2(v[0], v[1], 0x44);
+  const __m512i t1 = _mm512_shuffle_i64x2(v[0], v[1], 0xee);
+  const __m512i t2 = _mm512_shuffle_i64x2(v[2], v[3], 0x44);
+  const __m512i t3 = _mm512_shuffle_i64x2(v[2], v[3], 0xee);
+  v[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+  v[1] = _mm512_shuffle_i64x2(t0, t2, 0xdd);
+  v[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+  v[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
+}
+
+// The 512 bytes of one Marlin k-tile of one chunk into L2, one block ahead of their use (k-tiles
+// are 8N bytes apart, which the hardware prefetchers don't follow). Issued tile by tile as the
+// current block is read: a block's worth at once overflows the miss buffers. Not into L1: with
+// N a power of two the tiles of a block map to the same few L1 sets.
+W4K_A8_TARGET inline void prefetch_tile(const int32_t* tile) {
+  const char* base = reinterpret_cast<const char*>(tile);
+  for (int l = 0; l < 512; l += 64) _mm_prefetch(base + l, _MM_HINT_T1);
+}
+
+// One Marlin k-tile of one chunk (128 words) -> 4 quads of the panel (4 x 256 bytes).
+W4K_A8_TARGET inline void decode_marlin_tile(const int32_t* words, uint8_t* panel) {
+  // per 128-bit block: dword d <- bytes (b0, b2) of word d/2 (d even) or (b1, b3) (d odd),
+  // zero-extended; kPairsHi the same for words 2, 3 of the block.
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  for (int h = 0; h < 2; ++h) {
+    __m512i d1[4], d2[4];
+    for (int cc = 0; cc < 4; ++cc) {
+      const __m512i w = _mm512_loadu_si512(words + 16 * (4 * h + cc));
+      const __m512i x1 = _mm512_shuffle_epi8(w, lo_pairs);
+      const __m512i x2 = _mm512_shuffle_epi8(w, hi_pairs);
+      // (x | x << 12) & 0x0f0f0f0f: the 4 nibbles of the 16-bit pair to bytes (n0, n2, n1, n3)
+      d1[cc] = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8);
+      d2[cc] = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8);
+    }
+    transpose_blocks(d1);
+    transpose_blocks(d2);
+    for (int t = 0; t < 4; ++t) {
+      _mm512_storeu_si512(panel + 256 * t + 64 * h, d1[t]);
+      _mm512_storeu_si512(panel + 256 * t + 64 * (2 + h), d2[t]);
+    }
+  }
+}
+
+// AWQ: one quad (rows k .. k + 3, 64 columns: 8 words per row, row stride ldq words) -> 4 zmm,
+// dword = rows (k, k + 1, k + 2, k + 3) of one column. The 4 rows' 32 bytes sit in two zmm
+// (rows 0 | 1, rows 2 | 3); one vpermt2b per output zmm gathers byte 4w + b of every row
+// (w = 4(e % 2) + lane / 4, b = lane % 4), then the low (e < 2) or high nibble is kept: byte
+// 4w + b of an AWQ row holds columns 8w + AWQ_ORDER[2b] (low) and 8w + AWQ_ORDER[2b + 1].
+struct AwqQuadIdx {
+  __m512i idx[2];
+};
+W4K_A8_TARGET_VBMI inline AwqQuadIdx awq_quad_idx() {
+  alignas(64) uint8_t t[2][64];
+  for (int e = 0; e < 2; ++e)
+    for (int lane = 0; lane < 16; ++lane)
+      for (int r = 0; r < 4; ++r)
+        t[e][4 * lane + r] = static_cast<uint8_t>(32 * r + 4 * (4 * e + lane / 4) + lane % 4);
+  return {{_mm512_load_si512(t[0]), _mm512_load_si512(t[1])}};
+}
+
+W4K_A8_TARGET_VBMI inline void decode_awq_quad_regs(const int32_t* words, int64_t ldq,
+                                               const AwqQuadIdx& ix, __m512i out[4]) {
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  const __m512i x01 = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + ldq)), 1);
+  const __m512i x23 = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * ldq))),
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 3 * ldq)), 1);
+  const __m512i t0 = _mm512_permutex2var_epi8(x01, ix.idx[0], x23);
+  const __m512i t1 = _mm512_permutex2var_epi8(x01, ix.idx[1], x23);
+  out[0] = _mm512_and_si512(t0, nib);
+  out[1] = _mm512_and_si512(t1, nib);
+  out[2] = _mm512_and_si512(_mm512_srli_epi16(t0, 4), nib);
+  out[3] = _mm512_and_si512(_mm512_srli_epi16(t1, 4), nib);
+}
+
+W4K_A8_TARGET_VBMI inline void decode_awq_quad(const int32_t* words, int64_t ldq, uint8_t* panel) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+  __m512i e[4];
+  decode_awq_quad_regs(words, ldq, ix, e);
+  for (int i = 0; i < 4; ++i) _mm512_storeu_si512(panel + 64 * i, e[i]);
+}
+
+// Marlin: the panel of block [k0, k0 + block) of chunk ch (the next block's tiles prefetched).
+W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t ch,
+                                       uint8_t* panel) {
+  const bool ahead = k0 + 2 * p.block <= p.size_k;
+  for (int64_t kt = k0 / 16; kt < (k0 + p.block) / 16; ++kt) {
+    const int32_t* tile = p.qweight + kt * 2 * p.size_n + 128 * ch;
+    if (ahead) prefetch_tile(tile + (p.block / 16) * 2 * p.size_n);
+    decode_marlin_tile(tile, panel + (kt - k0 / 16) * 1024);
+  }
+}
+
+// Scales and zero points of group g, chunk ch, in panel order (vector gathers of the 64).
+W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const PanelTables& tb,
+                                                     int64_t g, int64_t ch, float* sw, int32_t* z) {
+  const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+  const bool per_channel_marlin = p.format == A8Format::kMarlin && p.num_groups == 1;
+  const int8_t* src = per_channel_marlin ? tb.scale_src_pc : tb.scale_src;
+  const __m512i s_lo = _mm512_loadu_si512(s_row), s_hi = _mm512_loadu_si512(s_row + 32);
+  const int32_t* z_words = p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
+  const __m512i zw = z_words ? _mm512_castsi256_si512(_mm256_loadu_si256(
+                                   reinterpret_cast<const __m256i*>(z_words)))
+                             : _mm512_setzero_si512();
+  // 64 halves zero-extended to 4 x 16 dwords, gathered with two vpermt2d and a blend.
+  const __m512i s0 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(s_lo));
+  const __m512i s1 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(s_lo, 1));
+  const __m512i s2 = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(s_hi));
+  const __m512i s3 = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(s_hi, 1));
+  for (int q = 0; q < 4; ++q) {
+    const __m512i idx = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * q)));
+    const __m512i a01 = _mm512_permutex2var_epi32(s0, idx, s1);
+    const __m512i a23 = _mm512_permutex2var_epi32(s2, idx, s3);
+    const __m512i bits = _mm512_mask_mov_epi32(
+        a01, _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(32)), a23);
+    const __m512 f = p.type == HalfType::kFloat16
+                         ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits))
+                         : _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    _mm512_storeu_ps(sw + 16 * q, f);
+    __m512i zv = _mm512_set1_epi32(8);
+    if (z_words) {
+      const __m512i word_idx = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_word + 16 * q)));
+      const __m512i shift = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_shift + 16 * q)));
+      zv = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(word_idx, zw), shift),
+                            _mm512_set1_epi32(15));
+    }
+    _mm512_storeu_si512(z + 16 * q, zv);
+  }
+}
+
+// Epilogue of one row's 4 accumulators (64 panel columns) into the fp32 sums c.
+// Epilogue of panel zmm g (16 columns) of one row.
+W4K_A8_TARGET inline void epilogue_one_a8(__m512i dots, int g, float sa, int32_t sumqa,
+                                          const float* sw, const int32_t* z, float* c) {
+  const __m512i isum = _mm512_sub_epi32(
+      dots, _mm512_mullo_epi32(_mm512_loadu_si512(z + 16 * g), _mm512_set1_epi32(sumqa)));
+  const __m512 t = _mm512_mul_ps(_mm512_set1_ps(sa), _mm512_loadu_ps(sw + 16 * g));
+  _mm512_storeu_ps(c + 16 * g,
+                   _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
+}
+
+W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __m512i i3,
+                                          float sa, int32_t sumqa, const float* sw,
+                                          const int32_t* z, float* c) {
+  const __m512i sq = _mm512_set1_epi32(sumqa);
+  const __m512 sav = _mm512_set1_ps(sa);
+  const __m512i acc[4] = {i0, i1, i2, i3};
+  for (int g = 0; g < 4; ++g) {
+    const __m512i isum =
+        _mm512_sub_epi32(acc[g], _mm512_mullo_epi32(_mm512_loadu_si512(z + 16 * g), sq));
+    const __m512 t = _mm512_mul_ps(sav, _mm512_loadu_ps(sw + 16 * g));
+    _mm512_storeu_ps(c + 16 * g,
+                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
+  }
+}
+
+// AWQ: the panels of block [k0, k0 + block) for chunks [ch0, ch1), read row by row across the
+// chunks (64 B per row and chunk pair: whole cache lines; AWQ rows are N/2 bytes apart, so
+// reading one chunk's 32 bytes of 128 rows would map them all to two L1 sets).
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
+                                            int64_t ch1, uint8_t* panels) {
+  const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
+  // The same columns one block further down, prefetched into L2 row by row as this block is
+  // read (spread out: a burst of a block's worth of prefetches overflows the miss buffers).
+  const bool ahead = k0 + 2 * p.block <= p.size_k;
+  for (int64_t k = k0; k < k0 + p.block; k += 4) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r) {
+        const char* next = reinterpret_cast<const char*>(p.qweight + (k + r + p.block) * ldq + 8 * ch0);
+        for (int64_t l = 0; l < 32 * (ch1 - ch0); l += 64) _mm_prefetch(next + l, _MM_HINT_T1);
+      }
+    for (int64_t ch = ch0; ch < ch1; ++ch)
+      decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq,
+                      panels + (ch - ch0) * panel_bytes + (k - k0) * 64);
+  }
+}
+
+// Marlin, few rows: the words of zmm c of a k-tile decoded as d1 (columns c + 8d) and d2
+// (32 + c + 8d) without the block transpose: 128-bit block t holds quad t of the tile. Each
+// row's activation zmm holds quad t in block t (one vpermd per tile), and the 16 accumulators
+// (c, d1/d2) are reduced over t once per block by the same transpose. One row, decoded in
+// registers (two rows: marlin_2rows_half_a8).
+W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles,
+    const int8_t* qa, float sa, int32_t sumqa, const float* sw, const int32_t* z, float* c) {
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#define W4K_A8_DECL(i) __m512i s##i = _mm512_setzero_si512(), u##i = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+  W4K_A8_DECL(4) W4K_A8_DECL(5) W4K_A8_DECL(6) W4K_A8_DECL(7)
+#undef W4K_A8_DECL
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const __m512i av = _mm512_permutexvar_epi32(
+        quad_of_block,
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
+    const int32_t* w = words + kt * tile_stride;
+    if (ahead) prefetch_tile(w + ntiles * tile_stride);
+#define W4K_A8_STEP(i)                                                                      \
+  {                                                                                         \
+    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                      \
+    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                   \
+    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                   \
+    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
+    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
+    s##i = _mm512_dpbusd_epi32(s##i, d1, av);                                               \
+    u##i = _mm512_dpbusd_epi32(u##i, d2, av);                                               \
+  }
+    W4K_A8_STEP(0) W4K_A8_STEP(1) W4K_A8_STEP(2) W4K_A8_STEP(3)
+    W4K_A8_STEP(4) W4K_A8_STEP(5) W4K_A8_STEP(6) W4K_A8_STEP(7)
+#undef W4K_A8_STEP
+  }
+  // Panel zmm g = 2 * (d2) + (c >= 4): the sum over t of the block-transposed 4 accumulators.
+  __m512i v0[4] = {s0, s1, s2, s3}, v1[4] = {s4, s5, s6, s7};
+  __m512i v2[4] = {u0, u1, u2, u3}, v3[4] = {u4, u5, u6, u7};
+  __m512i* vs[4] = {v0, v1, v2, v3};
+  __m512i g[4];
+  for (int i = 0; i < 4; ++i) {
+    transpose_blocks(vs[i]);
+    g[i] = _mm512_add_epi32(_mm512_add_epi32(vs[i][0], vs[i][1]),
+                            _mm512_add_epi32(vs[i][2], vs[i][3]));
+  }
+  epilogue_row_a8(g[0], g[1], g[2], g[3], sa, sumqa, sw, z, c);
+}
+
+// AWQ, few rows (R <= 4): one block of one chunk decoded quad by quad in registers (no panel),
+// R x 4 accumulators; the next block's rows of this chunk prefetched into L2 as it goes.
+template <int R>
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+#define W4K_A8_DECL(r) \
+  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
+          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(words + r * ldq + ahead_words), _MM_HINT_T1);
+    __m512i e[4];
+    decode_awq_quad_regs(words, ldq, ix, e);
+#define W4K_A8_ROW(r)                                                                         \
+  if constexpr (R > r) {                                                                      \
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * q)); \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, e[0], a);                                          \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, e[1], a);                                          \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, e[2], a);                                          \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, e[3], a);                                          \
+  }
+    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
+#undef W4K_A8_ROW
+  }
+#define W4K_A8_EPI(r)                                                                    \
+  if constexpr (R > r)                                                                   \
+    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
+                    c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3)
+#undef W4K_A8_EPI
+}
+
+// AWQ, one row, 4 chunks (256 columns: 128 contiguous bytes of each weight row) per pass:
+// each row's two lines are read once, 16 accumulators. sw4 / z4: the 4 chunks' scales and zero
+// points in panel order, 64 each; c: 4 x 64 fp32 sums.
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_row_4ch_a8(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    const int8_t* qa, float sa, int32_t sumqa, const float* sw4, const int32_t* z4, float* c) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+#define W4K_A8_DECL(j) \
+  __m512i a##j##0 = _mm512_setzero_si512(), a##j##1 = _mm512_setzero_si512(), \
+          a##j##2 = _mm512_setzero_si512(), a##j##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r) {
+        const char* next = reinterpret_cast<const char*>(words + r * ldq + ahead_words);
+        _mm_prefetch(next, _MM_HINT_T1);
+        _mm_prefetch(next + 64, _MM_HINT_T1);
+      }
+    const __m512i av = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
+#define W4K_A8_CH(j)                                       \
+  {                                                        \
+    __m512i e[4];                                          \
+    decode_awq_quad_regs(words + 8 * j, ldq, ix, e);       \
+    a##j##0 = _mm512_dpbusd_epi32(a##j##0, e[0], av);      \
+    a##j##1 = _mm512_dpbusd_epi32(a##j##1, e[1], av);      \
+    a##j##2 = _mm512_dpbusd_epi32(a##j##2, e[2], av);      \
+    a##j##3 = _mm512_dpbusd_epi32(a##j##3, e[3], av);      \
+  }
+    W4K_A8_CH(0) W4K_A8_CH(1) W4K_A8_CH(2) W4K_A8_CH(3)
+#undef W4K_A8_CH
+  }
+  epilogue_row_a8(a00, a01, a02, a03, sa, sumqa, sw4, z4, c);
+  epilogue_row_a8(a10, a11, a12, a13, sa, sumqa, sw4 + 64, z4 + 64, c + 64);
+  epilogue_row_a8(a20, a21, a22, a23, sa, sumqa, sw4 + 128, z4 + 128, c + 128);
+  epilogue_row_a8(a30, a31, a32, a33, sa, sumqa, sw4 + 192, z4 + 192, c + 192);
+}
+
+// Marlin, two rows, half a chunk (words c = 4h .. 4h + 3 of every k-tile: panel zmm g = h and
+// 2 + h) decoded in registers: 2 rows x 8 accumulators. Two rows share each decode; the two
+// halves are separate passes over the block, so no word is decoded twice per row pair.
+W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int h,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
+  const __m512i lo_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
+  const __m512i hi_pairs = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+#define W4K_A8_DECL(i)                                                     \
+  __m512i s0##i = _mm512_setzero_si512(), u0##i = _mm512_setzero_si512(), \
+          s1##i = _mm512_setzero_si512(), u1##i = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+#undef W4K_A8_DECL
+  words += 64 * h;
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const __m512i a0 = _mm512_permutexvar_epi32(
+        quad_of_block,
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * kt))));
+    const __m512i a1 = _mm512_permutexvar_epi32(
+        quad_of_block, _mm512_castsi128_si512(_mm_loadu_si128(
+                           reinterpret_cast<const __m128i*>(qa + lda_q + 16 * kt))));
+    const int32_t* w = words + kt * tile_stride;
+#define W4K_A8_STEP(i)                                                                     \
+  {                                                                                        \
+    if (ahead)                                                                             \
+      _mm_prefetch(reinterpret_cast<const char*>(w + 16 * i + ntiles * tile_stride),       \
+                   _MM_HINT_T1);                                                           \
+    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                     \
+    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                  \
+    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                  \
+    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
+    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
+    s0##i = _mm512_dpbusd_epi32(s0##i, d1, a0);                                            \
+    u0##i = _mm512_dpbusd_epi32(u0##i, d2, a0);                                            \
+    s1##i = _mm512_dpbusd_epi32(s1##i, d1, a1);                                            \
+    u1##i = _mm512_dpbusd_epi32(u1##i, d2, a1);                                            \
+  }
+    W4K_A8_STEP(0) W4K_A8_STEP(1) W4K_A8_STEP(2) W4K_A8_STEP(3)
+#undef W4K_A8_STEP
+  }
+  __m512i v[4][4] = {{s00, s01, s02, s03}, {u00, u01, u02, u03},
+                     {s10, s11, s12, s13}, {u10, u11, u12, u13}};
+  for (int i = 0; i < 4; ++i) {
+    transpose_blocks(v[i]);
+    const __m512i dots = _mm512_add_epi32(_mm512_add_epi32(v[i][0], v[i][1]),
+                                          _mm512_add_epi32(v[i][2], v[i][3]));
+    const int r = i / 2, g = 2 * (i % 2) + h;
+    epilogue_one_a8(dots, g, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);
+  }
+}
+
+// Marlin, 5-16 rows: panel zmm g (16 columns) of one block, decoded in registers and used by
+// every row at once (R accumulators): the words c = 4(g % 2) .. + 3 of each k-tile split as d1
+// (g < 2) or d2, the 128-bit block transpose gives the 4 quads. No panel store and reload; the
+// words are read twice per block (g and g + 2 share them), from L1.
+template <int R>
+W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_g_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int g,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc) {
+  const __m512i ctl = g < 2 ? _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                  0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1))
+                            : _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                  8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+#define W4K_A8_DECL(r) __m512i acc##r = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
+  W4K_A8_DECL(6) W4K_A8_DECL(7) W4K_A8_DECL(8) W4K_A8_DECL(9) W4K_A8_DECL(10) W4K_A8_DECL(11)
+  W4K_A8_DECL(12) W4K_A8_DECL(13) W4K_A8_DECL(14) W4K_A8_DECL(15)
+#undef W4K_A8_DECL
+  words += 64 * (g % 2);
+  for (int64_t kt = 0; kt < ntiles; ++kt) {
+    const int32_t* w = words + kt * tile_stride;
+    if (ahead) prefetch_tile(w - 64 * (g % 2) + ntiles * tile_stride);
+    __m512i v[4];
+    for (int cc = 0; cc < 4; ++cc) {
+      const __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512(w + 16 * cc), ctl);
+      v[cc] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xa8);
+    }
+    transpose_blocks(v);
+    const int8_t* q0 = qa + 16 * kt;
+    for (int t = 0; t < 4; ++t) {
+#define W4K_A8_ROW(r)                                                                         \
+  if constexpr (R > r)                                                                        \
+    acc##r = _mm512_dpbusd_epi32(                                                             \
+        acc##r, v[t], _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q + 4 * t)));
+      W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
+      W4K_A8_ROW(6) W4K_A8_ROW(7) W4K_A8_ROW(8) W4K_A8_ROW(9) W4K_A8_ROW(10) W4K_A8_ROW(11)
+      W4K_A8_ROW(12) W4K_A8_ROW(13) W4K_A8_ROW(14) W4K_A8_ROW(15)
+#undef W4K_A8_ROW
+    }
+  }
+#define W4K_A8_EPI(r) \
+  if constexpr (R > r) epilogue_one_a8(acc##r, g, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
+  W4K_A8_EPI(6) W4K_A8_EPI(7) W4K_A8_EPI(8) W4K_A8_EPI(9) W4K_A8_EPI(10) W4K_A8_EPI(11)
+  W4K_A8_EPI(12) W4K_A8_EPI(13) W4K_A8_EPI(14) W4K_A8_EPI(15)
+#undef W4K_A8_EPI
+}
+
+// R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
+// the fp32 accumulators c (panel order, row stride ldc). Named accumulators, not an array: GCC
+// spills an array of __m512i to the stack on every iteration. Not inlined: inside the driver
+// the register allocator copied and stored the accumulators on every iteration.
+template <int R>
+W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
+                                  int64_t lda_q, const float* sa, const int32_t* sumqa,
+                                  int64_t lds, const float* sw, const int32_t* z, float* c,
+                                  int64_t ldc) {
+#define W4K_A8_DECL(r) \
+  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
+          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
+#undef W4K_A8_DECL
+  const int8_t* q0 = qa;
+  for (int64_t q = 0; q < nq; ++q, panel += 256, q0 += 4) {
+    const __m512i w0 = _mm512_loadu_si512(panel);
+    const __m512i w1 = _mm512_loadu_si512(panel + 64);
+    const __m512i w2 = _mm512_loadu_si512(panel + 128);
+    const __m512i w3 = _mm512_loadu_si512(panel + 192);
+#define W4K_A8_ROW(r)                                                              \
+  if constexpr (R > r) {                                                           \
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q)); \
+    c##r##0 = _mm512_dpbusd_epi32(c##r##0, w0, a);                                 \
+    c##r##1 = _mm512_dpbusd_epi32(c##r##1, w1, a);                                 \
+    c##r##2 = _mm512_dpbusd_epi32(c##r##2, w2, a);                                 \
+    c##r##3 = _mm512_dpbusd_epi32(c##r##3, w3, a);                                 \
+  }
+    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
+#undef W4K_A8_ROW
+  }
+#define W4K_A8_EPI(r)                                                                    \
+  if constexpr (R > r)                                                                   \
+    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
+                    c + r * ldc);
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
+#undef W4K_A8_EPI
+}
+
+constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
+// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows.
+constexpr int64_t kA8GroupRows = 16;
+
+// Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
+// order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
+W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, int64_t ch1,
+                                             int64_t m0, int64_t m1) {
+  const PanelTables& tb = panel_tables(p.format);
+  const int64_t nch = ch1 - ch0, rows = m1 - m0, ldc = 64 * nch;
+  thread_local std::vector<float> acc_buf, y_buf;
+  thread_local std::vector<uint8_t> panel_buf;
+  acc_buf.assign(rows * ldc, 0.0f);
+  y_buf.resize(64);
+  const bool awq = p.format == A8Format::kAwq;
+  // Marlin: one chunk's panel at a time; AWQ: every chunk of the item (decoded row by row).
+  const int64_t panel_bytes = std::max<int64_t>(p.block * 64, p.block / 16 * 1024);
+  panel_buf.resize((awq ? nch : 1) * panel_bytes + 64);
+  alignas(64) float sw[64];
+  alignas(64) int32_t z[64];
+  const int64_t nq = p.block / 4, ntiles = p.block / 16;
+  for (int64_t b = 0; b < p.num_blocks; ++b) {
+    const int64_t k0 = b * p.block, g = k0 / p.group_size;
+    const bool ahead = b + 1 < p.num_blocks;
+    if (awq && rows > kA8FewRows) decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      if (awq && rows == 1 && (ch - ch0) % 4 == 0 && ch + 4 <= ch1) {
+        alignas(64) float sw4[256];
+        alignas(64) int32_t z4[256];
+        for (int j = 0; j < 4; ++j) {
+          gather_scales_zeros_avx512(p, tb, g, ch + j, sw4 + 64 * j, z4 + 64 * j);
+          if (ahead) {
+            const int64_t gn = (k0 + p.block) / p.group_size;
+            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j)),
+                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j) + 32),
+                         _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * (ch + j)),
+                         _MM_HINT_T0);
+          }
+        }
+        const int64_t ldq = p.size_n / 8;
+        awq_row_4ch_a8(p.qweight + k0 * ldq + 8 * ch, ldq, nq, ahead, p.block * ldq,
+                       p.qa + m0 * p.lda_q + k0, p.sa[m0 * p.num_blocks + b],
+                       p.sumqa[m0 * p.num_blocks + b], sw4, z4,
+                       acc_buf.data() + 64 * (ch - ch0));
+        ch += 3;
+        continue;
+      }
+      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
+      gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
+      if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
+        const int64_t gn = (k0 + p.block) / p.group_size;
+        const char* sn = reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * ch);
+        _mm_prefetch(sn, _MM_HINT_T0);
+        _mm_prefetch(sn + 64, _MM_HINT_T0);
+        if (p.zeros)
+          _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * ch),
+                       _MM_HINT_T0);
+      }
+      float* c = acc_buf.data() + 64 * (ch - ch0);
+      const int8_t* qa = p.qa + m0 * p.lda_q + k0;
+      const float* sa = p.sa + m0 * p.num_blocks + b;
+      const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+      if (awq && rows <= kA8FewRows) {
+        const int64_t ldq = p.size_n / 8;
+        const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
+        const int64_t lds = p.num_blocks;
+        // ahead: the next block's rows, prefetched by the even chunk of a pair (one line)
+        const bool pf = ahead && (ch - ch0) % 2 == 0;
+        switch (rows) {
+          case 4: awq_rows_a8<4>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          case 3: awq_rows_a8<3>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          case 2: awq_rows_a8<2>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+          default: awq_rows_a8<1>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
+        }
+        continue;
+      }
+      if (!awq && rows <= kA8FewRows) {
+        const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        if (rows == 1) {
+          marlin_row_a8(words, 2 * p.size_n, ahead, ntiles, qa, sa[0], sq[0], sw, z, c);
+          continue;
+        }
+        // pairs of rows, half a chunk per pass; an odd last row by the one-row path
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2)
+          for (int h = 0; h < 2; ++h)
+            marlin_2rows_half_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, h,
+                                 qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
+                                 sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
+        if (r < rows)
+          marlin_row_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, qa + r * p.lda_q,
+                        sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
+        continue;
+      }
+      if (!awq && rows <= kA8GroupRows) {
+        const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
+        const int64_t lds = p.num_blocks, ts = 2 * p.size_n;
+        for (int gz = 0; gz < 4; ++gz) {
+          const bool pf = ahead && gz == 0;
+#define W4K_A8_CASE(n)                                                                         \
+  case n:                                                                                      \
+    marlin_rows_g_a8<n>(words, ts, pf, ntiles, gz, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); \
+    break;
+          switch (rows) {
+            W4K_A8_CASE(5) W4K_A8_CASE(6) W4K_A8_CASE(7) W4K_A8_CASE(8) W4K_A8_CASE(9)
+            W4K_A8_CASE(10) W4K_A8_CASE(11) W4K_A8_CASE(12) W4K_A8_CASE(13) W4K_A8_CASE(14)
+            W4K_A8_CASE(15) W4K_A8_CASE(16)
+            default: break;
+          }
+#undef W4K_A8_CASE
+        }
+        continue;
+      }
+      if (!awq) decode_panel(p, k0, ch, panel);
+      int64_t r = 0;
+      for (; r + kA8TileRows <= rows; r += kA8TileRows)
+        tile_a8<kA8TileRows>(panel, nq, qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
+                             sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
+      const int64_t left = rows - r;
+      const int8_t* qr = qa + r * p.lda_q;
+      const float* sr = sa + r * p.num_blocks;
+      const int32_t* sqr = sq + r * p.num_blocks;
+      float* cr = c + r * ldc;
+      switch (left) {
+        case 5: tile_a8<5>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 4: tile_a8<4>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 3: tile_a8<3>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 2: tile_a8<2>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        case 1: tile_a8<1>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
+        default: break;
+      }
+    }
+  }
+  // Back to natural column order (+ bias), one rounding to T.
+  __m512i idx[4];
+  for (int o = 0; o < 4; ++o)
+    idx[o] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.pos + 16 * o)));
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      const float* c = acc_buf.data() + (m - m0) * ldc + 64 * (ch - ch0);
+      const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16);
+      const __m512 c2 = _mm512_loadu_ps(c + 32), c3 = _mm512_loadu_ps(c + 48);
+      for (int o = 0; o < 4; ++o) {
+        const __m512 lo = _mm512_permutex2var_ps(c0, idx[o], c1);
+        const __m512 hi = _mm512_permutex2var_ps(c2, idx[o], c3);
+        __m512 y = _mm512_mask_mov_ps(lo, _mm512_cmpge_epi32_mask(idx[o], _mm512_set1_epi32(32)),
+                                      hi);
+        if (p.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(p.bias + 64 * ch + 16 * o));
+        _mm512_storeu_ps(y_buf.data() + 16 * o, y);
+      }
+      narrow_c_row(y_buf.data(), 64, p.type, true, p.out + m * p.size_n + 64 * ch);
+    }
+  }
+}
+
+#undef W4K_A8_TARGET
+#undef W4K_A8_TARGET_VBMI
+#pragma GCC diagnostic pop
+
+#endif  // W4K_HAVE_A8_AVX512
+
+}  // namespace w4k::cpu
