@@ -128,3 +128,38 @@ def test_fp16_output_overflow_rounds_like_torch():
     acc = torch.full((1, size_n), 7.0 * size_k)
     assert golden.same_bits(out, ((acc * s.float()) + 0.0).to(torch.float16))
     assert bool(out.isinf().all())
+
+
+# The blocked vdpbf16ps path (bf16, M above the decode path's rows) decodes k-tiles of one
+# group by table lookups; W4K_W4A16_PAIR_LUT=0 computes each weight in fp32 instead. Both give
+# the same rounded weights in the same layout and the same summation order, so the same bits
+# on any input. Shapes: K = 11008 (86 k-blocks of 128 rows) and K = 1040 (65 k-tiles: a last
+# k-block of one tile), N odd multiples of 64; M = 5 and 17 (row-block remainders 5 and 5) and
+# 300; act-order puts group boundaries inside k-tiles (decoded the fp32 way on both).
+BLOCKED = {"W4K_W4A16_PAIR_ROWS": "0", "W4K_W4A16_LUT_ROWS": "0"}
+
+
+@pytest.mark.parametrize("m", [5, 17, 300])
+@pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
+@pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act_zp"])
+def test_blocked_bf16_table_decode_same_bits(monkeypatch, config, size_k, size_n, m):
+    b = backend_or_skip("cpu", OP)
+    if m == 300 and size_k == 11008:
+        size_n = 64  # keeps the float64 reference cheap
+    large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
+    group, act, zp, bias = {"g128": (large, None, False, False),
+                            "g32_zp": (small, None, True, False),
+                            "chan_zp_bias": (-1, None, True, True),
+                            "act_zp": (large, "k_full", True, True)}[config]
+    case = make_case(m, size_k, size_n, group, torch.bfloat16, act, zp, bias, seed=m + size_n)
+    outs = []
+    for env in [BLOCKED, {**BLOCKED, "W4K_W4A16_PAIR_LUT": "0"}]:
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            outs.append(call(b, case))
+    assert golden.same_bits(outs[0], outs[1])
+    with monkeypatch.context() as mp:
+        for key, value in BLOCKED.items():
+            mp.setenv(key, value)
+        check_against_reference(b, case)

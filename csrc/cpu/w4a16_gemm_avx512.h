@@ -206,6 +206,82 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
   }
 }
 
+// ---- blocked vdpbf16ps path: the k-tile decoded by table lookups -----------------------------
+//
+// A column of one group has only 16 possible weights, so the blocked path looks them up instead
+// of computing (q - z) * s per weight. Word lane L = 4t + j of line c (words 16c .. 16c + 15 of
+// a chunk's k-tile) holds in nibbles e' and e' + 4 (e' = 0..3) the weights of rows 2t + 8h and
+// 2t + 8h + 1 (h = e' & 1) of column 16j + c + 8*b2 (b2 = e' >> 1) (MarlinChunkTables). A 16-bit
+// shift puts nibble e' in the low and e' + 4 in the high half of every 32-bit lane, so one
+// vpermt2w over a 64-entry table (index 4q + j: the 4 columns j of (c, b2), 16 codes q) gives
+// the bf16 pair (w[2t + 8h], w[2t + 8h + 1]) of that column in lane (t, j). Transposing the
+// 128-bit blocks t of the four lines c = 4cg .. 4cg + 3 then gives, per t, one vector of 16
+// columns of pair row t + 4h: lane 4cl + j = column 16j + 4cg + cl + 8*b2, which is wbuf column
+// 16(2cg + b2) + 4cl + j (MarlinChunkTables::colperm), i.e. exactly the pair layout of
+// dequant_tile_pairs_avx512. Per 32 weights: a shift, a vpternlogd, a vpermt2w, two 128-bit
+// shuffles (instead of ~18 fp32 operations), and the same values (the table entries are rounded
+// by bf16_rne_bits from the same (q - z) * s), so both decoders give the same bits.
+
+// tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of (q - z) * s of wbuf column
+// x = 16(2cg + b2) + 4cl + j (c = 4cg + cl): the table of one chunk and group. sc, zf: that
+// group's 64 scales and zero points in wbuf order (decode_chunk_groups; per channel the scales
+// are 1), zf == nullptr: z = 8.
+__attribute__((target("avx512f,avx512bw"))) inline void build_tile_pair_tables_avx512(
+    const float* sc, const float* zf, uint16_t* tbl) {
+  // lane l of vector r: code q = 4r + l / 4, column j = l % 4 (entry 16r + l = 4q + j)
+  const __m512 code0 = _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  for (int c = 0; c < 8; ++c) {
+    for (int b2 = 0; b2 < 2; ++b2) {
+      const int x0 = 16 * (2 * (c / 4) + b2) + 4 * (c % 4);
+      const __m512 s = _mm512_broadcast_f32x4(_mm_loadu_ps(sc + x0));
+      const __m512 z = zf ? _mm512_broadcast_f32x4(_mm_loadu_ps(zf + x0)) : _mm512_set1_ps(8.0f);
+      uint16_t* t = tbl + (2 * c + b2) * 64;
+      for (int r = 0; r < 4; ++r) {
+        const __m512 q = _mm512_add_ps(code0, _mm512_set1_ps(4.0f * r));
+        const __m512 w = _mm512_mul_ps(_mm512_sub_ps(q, z), s);  // exact in fp32
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * r),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(w), 16)));
+      }
+    }
+  }
+}
+
+// One k-tile of a chunk (its 128 words) -> wpairs[8][64] (pair rows, wbuf column order) through
+// the tables of the tile's group (build_tile_pair_tables_avx512).
+__attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_avx512(
+    const int32_t* words, const uint16_t* tbl, uint32_t* wpairs) {
+  // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
+  const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
+                                             0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
+                                             0x20002, 0x30003);
+#pragma GCC unroll 2
+  for (int cg = 0; cg < 2; ++cg) {
+    __m512i w[4];
+    for (int cl = 0; cl < 4; ++cl) w[cl] = _mm512_loadu_si512(words + 16 * (4 * cg + cl));
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) {  // h = e & 1, b2 = e >> 1
+      __m512i v[4];
+      for (int cl = 0; cl < 4; ++cl) {
+        const __m512i shifted =
+            e == 0 ? _mm512_slli_epi16(w[cl], 2) : _mm512_srli_epi16(w[cl], 4 * e - 2);
+        // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
+        const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+        const uint16_t* t = tbl + (2 * (4 * cg + cl) + (e >> 1)) * 64;
+        v[cl] = _mm512_permutex2var_epi16(_mm512_loadu_si512(t), idx, _mm512_loadu_si512(t + 32));
+      }
+      // 4 x 4 transpose of 128-bit blocks: out[t] block cl = v[cl] block t
+      const __m512i t0 = _mm512_shuffle_i32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_i32x4(v[0], v[1], 0xee);
+      const __m512i t2 = _mm512_shuffle_i32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_i32x4(v[2], v[3], 0xee);
+      uint32_t* dst = wpairs + 4 * (e & 1) * 64 + 16 * (2 * cg + (e >> 1));
+      _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(t0, t2, 0x88));
+      _mm512_storeu_si512(dst + 64, _mm512_shuffle_i32x4(t0, t2, 0xdd));
+      _mm512_storeu_si512(dst + 128, _mm512_shuffle_i32x4(t1, t3, 0x88));
+      _mm512_storeu_si512(dst + 192, _mm512_shuffle_i32x4(t1, t3, 0xdd));
+    }
+  }
+}
+
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64]; a is bf16 (uint16 bits), kc even.
 template <int MR>
 __attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(

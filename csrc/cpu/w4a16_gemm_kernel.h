@@ -115,12 +115,9 @@ inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
-  constexpr int64_t kKc = 64;  // rows of K per dequantized block: 64 x 64 fp32 = 16 KiB (half of L1)
   const MarlinChunkTables& tb = chunk_tables();
   const int64_t rows = m1 - m0;
   const bool has_zp = p.zeros != nullptr;
-  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
-  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   float chan_scale_buf[64];
   float* chan_scale = p.num_groups == 1 ? chan_scale_buf : nullptr;  // per-channel epilogue
   const float* srow[16];
@@ -130,6 +127,18 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
   const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
                           p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
+  // Rows of K per dequantized block. fp32: 64 x 64 fp32 = 16 KiB (half of L1). bf16 pairs:
+  // 256 rows = 128 pair rows x 64 columns x 4 bytes = 32 KiB, so every load/store of the
+  // 6 x 64 accumulators is spread over 128 k-pairs x 24 vdpbf16ps (measured, one thread,
+  // 11008 x 4096, M = 32..256: 1-4 % faster than 128 rows).
+  const int64_t kKc = use_dpbf16 ? 256 : 64;
+  // The vdpbf16ps path decodes one-group k-tiles by table lookups
+  // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
+  // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
+  const char* lut_env = std::getenv("W4K_W4A16_PAIR_LUT");
+  const bool pair_lut = !(lut_env && std::strcmp(lut_env, "0") == 0);
+  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
+  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
   // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path, ~6
   // against the vdpbf16ps one.
@@ -143,7 +152,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                          rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 16);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut || use_pairs) {
+  if (use_lut || use_pairs || use_dpbf16) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -171,9 +180,15 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   (void)use_lut;
   (void)use_pairs;
   (void)use_dpbf16;
+  (void)pair_lut;
   (void)avx2;  // all unused when the AVX-512 paths are compiled out
+  // vdpbf16ps path: the pair tables of the current group (build_tile_pair_tables_avx512).
+  alignas(64) uint16_t pair_tbl[16 * 64];
+  (void)pair_tbl;
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
+    int64_t tbl_group = -1;  // the group pair_tbl holds (tables are per chunk)
+    (void)tbl_group;
 #ifdef W4K_HAVE_AVX512_PATH
     if (use_lut) {
       const float* z = has_zp ? zf.data() : nullptr;
@@ -200,6 +215,21 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #ifdef W4K_HAVE_AVX512_PATH
         if (use_dpbf16) {
           uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
+          // Consecutive k-tiles of a chunk are 8 * size_n bytes apart, a stride the hardware
+          // prefetchers do not follow: fetch the tile one k-block ahead (8 lines of 64 bytes).
+          if (k0 + kKc < p.size_k)
+            for (int l = 0; l < 8; ++l)
+              __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+          const int64_t g = tile_group[k0 / 16];
+          if (g >= 0 && pair_lut) {  // one group: table lookups
+            if (g != tbl_group) {
+              build_tile_pair_tables_avx512(sc.data() + g * 64, has_zp ? zf.data() + g * 64 : nullptr,
+                                            pair_tbl);
+              tbl_group = g;
+            }
+            decode_tile_pairs_lut_avx512(words, pair_tbl, pairs);
+            continue;
+          }
           if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
           else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
           continue;
