@@ -16,9 +16,9 @@ from conftest import backend_or_skip
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 16 (bf16, with AVX512-BF16) or 4 (fp16) on an
-# AVX-512 CPU;
-# W4K_W4A16_PAIR_ROWS=0 turns it off (then the lookup tables, or the blocked path).
+# The decode path is the default at M <= 8 (bf16, with AVX512-BF16) or 4 (fp16) on an
+# AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
+# larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
@@ -33,8 +33,9 @@ DTYPE_M = ([(torch.bfloat16, m) for m in (1, 2, 3, 4, 6, 7, 13, 16)] +
 @pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])
 @pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
 @pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act", "shard_zp"])
-def test_decode_path(config, size_k, size_n, dtype, m):
+def test_decode_path(monkeypatch, config, size_k, size_n, dtype, m):
     b = backend_or_skip("cpu", OP)
+    monkeypatch.setenv("W4K_W4A16_PAIR_ROWS", "16")  # M = 13 and 16: two row blocks
     # groups of whole k-tiles that divide K: 128 or 80 rows; 32 or 16 (one tile)
     large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
     group, act, zp, bias = {"g128": (large, None, False, False),

@@ -222,23 +222,40 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
 // shuffles (instead of ~18 fp32 operations), and the same values (the table entries are rounded
 // by bf16_rne_bits from the same (q - z) * s), so both decoders give the same bits.
 
-// tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of (q - z) * s of wbuf column
-// x = 16(2cg + b2) + 4cl + j (c = 4cg + cl): the table of one chunk and group. sc, zf: that
-// group's 64 scales and zero points in wbuf order (decode_chunk_groups; per channel the scales
-// are 1), zf == nullptr: z = 8.
-__attribute__((target("avx512f,avx512bw"))) inline void build_tile_pair_tables_avx512(
-    const float* sc, const float* zf, uint16_t* tbl) {
+// tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of (q - z) * s of chunk column 16j + c + 8*b2
+// (wbuf column x = 16(2cg + b2) + 4cl + j, c = 4cg + cl): the tables of one chunk and group,
+// straight from the operands. Marlin's scale perm puts the scale of that column at
+// s_row[8c + 2j + b2] and its zero point in nibble 4*b2 + j of zero-point word c (the values
+// decode_chunk_groups gives, tested through the fp32 decoder). s_row: the group's 64 bf16
+// scale bits of the chunk, nullptr: s = 1 (per channel: the scale goes to the epilogue);
+// z_words: the group's 8 zero-point words of the chunk, nullptr: z = 8.
+__attribute__((target("avx512f,avx512bw,fma"))) inline void build_tile_pair_tables_avx512(
+    const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // lane l of vector r: code q = 4r + l / 4, column j = l % 4 (entry 16r + l = 4q + j)
   const __m512 code0 = _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i b2_halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
+  const __m128i z_shift[2] = {_mm_setr_epi32(0, 4, 8, 12), _mm_setr_epi32(16, 20, 24, 28)};
   for (int c = 0; c < 8; ++c) {
+    __m256 s8 = _mm256_set1_ps(1.0f);
+    if (s_row) {  // bf16 -> fp32: the bits in the high half
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
+      s8 = _mm256_permutevar8x32_ps(
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)), b2_halves);
+    }
+    const __m128i zw = _mm_set1_epi32(z_words ? z_words[c] : static_cast<int32_t>(0x88888888u));
     for (int b2 = 0; b2 < 2; ++b2) {
-      const int x0 = 16 * (2 * (c / 4) + b2) + 4 * (c % 4);
-      const __m512 s = _mm512_broadcast_f32x4(_mm_loadu_ps(sc + x0));
-      const __m512 z = zf ? _mm512_broadcast_f32x4(_mm_loadu_ps(zf + x0)) : _mm512_set1_ps(8.0f);
+      const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
+                                                 : _mm256_castps256_ps128(s8));
+      const __m512 z = _mm512_broadcast_f32x4(_mm_cvtepi32_ps(
+          _mm_and_si128(_mm_srlv_epi32(zw, z_shift[b2]), _mm_set1_epi32(15))));
+      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
+      // times an 8-bit significand) and so is their difference (a 5-bit integer times s),
+      // so the fma's one rounding changes nothing: the value of the fp32 decoder.
+      const __m512 zs = _mm512_mul_ps(z, s);
       uint16_t* t = tbl + (2 * c + b2) * 64;
       for (int r = 0; r < 4; ++r) {
         const __m512 q = _mm512_add_ps(code0, _mm512_set1_ps(4.0f * r));
-        const __m512 w = _mm512_mul_ps(_mm512_sub_ps(q, z), s);  // exact in fp32
+        const __m512 w = _mm512_fmsub_ps(q, s, zs);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * r),
                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(w), 16)));
       }

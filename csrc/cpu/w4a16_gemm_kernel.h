@@ -100,9 +100,10 @@ inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
 
 // Rows of a up to which the decode path is used (pair_chunks_avx512, row blocks of 8 (bf16)
 // or 4 (fp16)); W4K_W4A16_PAIR_ROWS overrides it (0 turns the path off: tests compare the
-// paths). Measured (one thread, 4096 x 4096, machine shared): bf16 at M = 8 / 16 2.1 / 4.1 ms
-// against 4.5 / 5.9 ms on the blocked vdpbf16ps path, no clear winner at 32 and 64; fp16 at
-// M = 8 5.4 ms against 5.0 ms on the lookup tables.
+// paths). Measured (one thread's CPU time, machine shared), bf16, decode / blocked vdpbf16ps
+// path with its table decode: 11008 x 4096 M = 5 4.8 / 9.0 ms, M = 8 5.9 / 8.4, M = 12
+// 11.0 / 9.7, M = 16 15.1 / 11.6; 4096 x 4096 M = 8 2.9 / 3.1, M = 12 3.3 / 3.6, M = 16
+// 5.5 / 4.4: bf16 up to 8 rows. fp16 at M = 8 5.4 ms against 5.0 ms on the lookup tables.
 inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : default_rows;
@@ -149,7 +150,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 16);
+                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 8);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   if (use_lut || use_pairs || use_dpbf16) {
@@ -185,8 +186,15 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // vdpbf16ps path: the pair tables of the current group (build_tile_pair_tables_avx512).
   alignas(64) uint16_t pair_tbl[16 * 64];
   (void)pair_tbl;
+  // The table decode reads the scales and zero points itself; the fp32 ones
+  // (decode_chunk_groups) are needed for the epilogue's per-channel scales and for k-tiles
+  // whose rows span groups (act-order), which the fp32 decoder handles.
+  const bool lut_decode = use_dpbf16 && pair_lut;
+  const bool fp32_groups =
+      !lut_decode || chan_scale != nullptr ||
+      std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
-    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
+    if (fp32_groups) decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
     int64_t tbl_group = -1;  // the group pair_tbl holds (tables are per chunk)
     (void)tbl_group;
 #ifdef W4K_HAVE_AVX512_PATH
@@ -205,11 +213,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
       const int64_t kc = std::min(kKc, p.size_k - kb);
       for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
-        for (int r = 0; r < 16; ++r) {
-          int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
-          srow[r] = sc.data() + g * 64;
-          zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
-        }
+        auto set_group_rows = [&] {  // each row's fp32 scales and zero points
+          for (int r = 0; r < 16; ++r) {
+            int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
+            srow[r] = sc.data() + g * 64;
+            zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
+          }
+        };
         const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         float* w_tile = wbuf.data() + (k0 - kb) * 64;
 #ifdef W4K_HAVE_AVX512_PATH
@@ -221,19 +231,24 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
             for (int l = 0; l < 8; ++l)
               __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
           const int64_t g = tile_group[k0 / 16];
-          if (g >= 0 && pair_lut) {  // one group: table lookups
+          if (g >= 0 && lut_decode) {  // one group: table lookups
             if (g != tbl_group) {
-              build_tile_pair_tables_avx512(sc.data() + g * 64, has_zp ? zf.data() + g * 64 : nullptr,
-                                            pair_tbl);
+              build_tile_pair_tables_avx512(
+                  chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                  has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
               tbl_group = g;
             }
             decode_tile_pairs_lut_avx512(words, pair_tbl, pairs);
             continue;
           }
+          set_group_rows();
           if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
           else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
           continue;
         }
+#endif
+        set_group_rows();
+#ifdef W4K_HAVE_AVX512_PATH
         if (avx512) {
           const bool fp16 = p.weight_type == HalfType::kFloat16;
           if (has_zp && fp16) dequant_tile_avx512<true, true>(words, srow, zrow, w_tile);
