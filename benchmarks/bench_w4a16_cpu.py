@@ -48,7 +48,8 @@ from w4kernels import reference as R
 L3_BYTES = 32 << 20
 ENV_THRESHOLD = "W4K_W4A16_DEQUANT_THRESHOLD"
 # The op's defaults (kW4a16DequantThreshold* in csrc/cpu/w4a16_gemm_dequant.h).
-OP_DEFAULT_THRESHOLD = {"bf16": 256, "fp16": "never (fp16 stays on the kernel)"}
+OP_DEFAULT_THRESHOLD = {"bf16": "never (bf16 stays on the kernel)",
+                        "fp16": "never (fp16 stays on the kernel)"}
 
 
 def print_rule(rule):
