@@ -299,6 +299,27 @@ __attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_av
   }
 }
 
+// c_row[n] = acc[xcol[n]] + bias[n] for the 64 columns of a chunk (grouped weights: the
+// epilogue is one fp32 add, the same as epilogue() with chan_scale == nullptr). Output vector
+// v (columns 16v .. 16v + 15, n = 16v + r, r = 4cg + cl + 8*b2) reads wbuf column
+// x = 16(2cg + b2) + 4cl + v: from acc[0..31] where cg = 0 (r % 8 < 4), else acc[32..63].
+__attribute__((target("avx512f"))) inline void write_chunk_row_grouped_avx512(
+    const float* acc, const float* bias, float* c_row) {
+  const __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16);
+  const __m512 a2 = _mm512_loadu_ps(acc + 32), a3 = _mm512_loadu_ps(acc + 48);
+  // index within the 32 floats of its half: x % 32 = 16 * b2 + 4 * cl + v
+  const __m512i base = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28);
+  constexpr __mmask16 kHigh = 0xF0F0;  // r % 8 >= 4: cg = 1
+  for (int v = 0; v < 4; ++v) {
+    const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(v));
+    const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1);
+    const __m512 hi = _mm512_permutex2var_ps(a2, idx, a3);
+    __m512 out = _mm512_mask_blend_ps(kHigh, lo, hi);
+    out = _mm512_add_ps(out, bias ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps());
+    _mm512_storeu_ps(c_row + 16 * v, out);
+  }
+}
+
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64]; a is bf16 (uint16 bits), kc even.
 template <int MR>
 __attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(

@@ -296,6 +296,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     for (int64_t i = 0; i < rows; ++i) {
       float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
       const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+#ifdef W4K_HAVE_AVX512_PATH
+      if (avx512 && chan_scale == nullptr) {
+        write_chunk_row_grouped_avx512(acc.data() + i * 64, bias, c_row);
+        continue;
+      }
+#endif
       for (int x = 0; x < 64; ++x) {
         int n = tb.colperm[x];
         c_row[n] = epilogue(acc[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
