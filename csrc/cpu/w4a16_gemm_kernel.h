@@ -100,10 +100,13 @@ inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
 
 // Rows of a up to which the decode path is used (pair_chunks_avx512, row blocks of 8 (bf16)
 // or 4 (fp16)); W4K_W4A16_PAIR_ROWS overrides it (0 turns the path off: tests compare the
-// paths). Measured (one thread's CPU time, machine shared), bf16, decode / blocked vdpbf16ps
-// path with its table decode: 11008 x 4096 M = 5 4.8 / 9.0 ms, M = 8 5.9 / 8.4, M = 12
-// 11.0 / 9.7, M = 16 15.1 / 11.6; 4096 x 4096 M = 8 2.9 / 3.1, M = 12 3.3 / 3.6, M = 16
-// 5.5 / 4.4: bf16 up to 8 rows. fp16 at M = 8 5.4 ms against 5.0 ms on the lookup tables.
+// paths). Measured (bench_w4a16_cpu.py --threads 1 --cpu-time, GPTQ g128, machine shared),
+// bf16, ms decode path (W4K_W4A16_PAIR_ROWS=16) / blocked vdpbf16ps path with its table decode:
+// M = 9: 2.55 / 3.07 (4096 x 4096), 8.85 / 7.89 (11008 x 4096), 7.15 / 9.12 (4096 x 11008);
+// M = 12: 3.20 / 3.43, 10.6 / 9.08, 8.77 / 9.38; M = 16: 4.05 / 4.05, 15.1 / 11.2,
+// 11.0 / 11.0. Above 8 rows neither wins every shape; the blocked path keeps every shape ahead
+// of dense bf16 F.linear (1.09-1.23x at M = 9..16), the decode path does not (0.80x at 11008 x
+// 4096, M = 16): bf16 up to 8 rows. fp16 at M = 8 5.4 ms against 5.0 ms on the lookup tables.
 inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : default_rows;
