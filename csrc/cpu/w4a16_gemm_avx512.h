@@ -5,7 +5,9 @@
 // * dequant_tile_avx512 + micro_avx512: the blocked path (dequantize a k-block of one chunk to
 //   fp32, then a 6-row x 64-column register-blocked FMA loop).
 // * dequant_tile_pairs_avx512 + micro_bf16_avx512: the same for bf16 activations with
-//   vdpbf16ps (AVX512-BF16), two k-rows per instruction.
+//   vdpbf16ps (AVX512-BF16), two k-rows per instruction; one-group k-tiles are decoded by
+//   table lookups instead (build_tile_pair_tables_avx512 + decode_tile_pairs_lut_avx512,
+//   same bits), and write_chunk_row_grouped_avx512 writes a grouped chunk row out.
 // * lut_chunk_avx512: few rows of a; per-column lookup tables, one vpermps per 16 weights.
 #pragma once
 
