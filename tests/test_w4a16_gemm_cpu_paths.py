@@ -164,3 +164,22 @@ def test_blocked_bf16_table_decode_same_bits(monkeypatch, config, size_k, size_n
         for key, value in BLOCKED.items():
             mp.setenv(key, value)
         check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [37, 300])
+def test_threads_same_bits_k11008(dtype, m):
+    """K = 11008 (43 k-blocks of 256 rows on the bf16 blocked path), N = 192 (3 chunks: with 1
+    and 2 threads the rows are split into different row blocks at M = 300), act-order with
+    zero points and bias: 1 and 2 threads give the same bits."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 11008, 192, 128, dtype, "k_full", zp=True, bias=True, seed=m + 1)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(b, case)
+        torch.set_num_threads(2)
+        two = call(b, case)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
