@@ -293,8 +293,12 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
 template <Dtype D, int MR>
 W4K_AWQ_AVX512 inline void strip_rows(const Problem& pb, const float* xf, int64_t m0, int64_t k0,
                                       int64_t kb, const float* tile, float* acc, int64_t ldacc) {
+  // Unrolled loops over the accumulators: GCC then keeps c in registers across the strip
+  // instead of copying it through the stack before and after.
   __m512 c[MR][4];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) c[r][j] = _mm512_loadu_ps(acc + (m0 + r) * ldacc + 16 * j);
   if constexpr (D == Dtype::kHalf) {
     for (int64_t k = 0; k < kb; ++k) {
@@ -337,7 +341,9 @@ W4K_AWQ_AVX512 inline void strip_rows(const Problem& pb, const float* xf, int64_
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + (m0 + r) * ldacc + 16 * j, c[r][j]);
 }
 
