@@ -183,3 +183,17 @@ def test_threads_same_bits_k11008(dtype, m):
     finally:
         torch.set_num_threads(saved)
     assert golden.same_bits(one, two)
+
+
+def test_large_call_own_scratch():
+    """A call whose scratch (a as fp32 and bf16, the fp32 result: ~68 MB at M = 1024, K = 11008)
+    exceeds what the binding keeps per thread (64 MiB) gets a buffer of its own; rows are
+    independent, so its result must equal the two half calls' (which use the kept buffer)."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(1024, 11008, 64, 128, torch.bfloat16, zp=True, bias=True, seed=3)
+    whole = call(b, case)
+    halves = []
+    for rows in (slice(0, 512), slice(512, 1024)):
+        half = dict(case, a=case["a"][rows].contiguous(), size_m=512)
+        halves.append(call(b, half))
+    assert golden.same_bits(whole, torch.cat(halves))

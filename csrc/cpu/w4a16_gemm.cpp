@@ -120,11 +120,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
   // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
   // on every call, whose first-touch faults and zeroing cost a few % of a prefill call
-  // (M = 256 x N = 11008: 11 MiB of fp32 result alone).
-  thread_local std::vector<float> scratch;
-  auto scratch_tensor = [&](int64_t offset, at::IntArrayRef shape, at::ScalarType dtype) {
-    return at::from_blob(scratch.data() + offset, shape, a.options().dtype(dtype));
-  };
+  // (M = 256 x N = 11008: 11 MiB of fp32 result alone). Calls that need more than
+  // kKeptScratchBytes get a buffer of their own, freed on return, so a long prompt does not
+  // pin its buffers for the life of the thread.
+  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+  thread_local std::vector<float> kept_scratch;
+  std::vector<float> own_scratch;
   const int64_t lda = size_k + 16;
   // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
   // bytes, next to the K * N / 2 of the weight).
@@ -135,7 +136,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const int64_t c32_floats = (size_m * size_n + 15) / 16 * 16;
   const int64_t bf16_floats = gather_bf16 ? (size_m * lda_bf16 + 1) / 2 : 0;
   const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
+  std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
+                                                                          : own_scratch;
   if (scratch.size() < need) scratch.resize(need);
+  auto scratch_tensor = [&](int64_t offset, at::IntArrayRef shape, at::ScalarType dtype) {
+    return at::from_blob(scratch.data() + offset, shape, a.options().dtype(dtype));
+  };
   at::Tensor a32 = scratch_tensor(0, {size_m, lda}, at::kFloat);
   at::Tensor c32 = scratch_tensor(a32_floats, {size_m, size_n}, at::kFloat);
   at::Tensor a_bf16;
