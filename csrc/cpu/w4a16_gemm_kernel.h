@@ -190,11 +190,11 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   alignas(64) uint16_t pair_tbl[16 * 64];
   (void)pair_tbl;
   // The table decode reads the scales and zero points itself; the fp32 ones
-  // (decode_chunk_groups) are needed for the epilogue's per-channel scales and for k-tiles
-  // whose rows span groups (act-order), which the fp32 decoder handles.
+  // (decode_chunk_groups) are needed by the lookup-table path, for the epilogue's per-channel
+  // scales and for k-tiles whose rows span groups (act-order), which the fp32 decoder handles.
   const bool lut_decode = use_dpbf16 && pair_lut;
   const bool fp32_groups =
-      !lut_decode || chan_scale != nullptr ||
+      !lut_decode || use_lut || chan_scale != nullptr ||
       std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     if (fp32_groups) decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
