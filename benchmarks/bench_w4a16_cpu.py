@@ -4,6 +4,8 @@ For each (N, K) and M it prints the median time (ms) of:
 
 * ``gptq``: ``w4a16_gemm``, symmetric GPTQ weight, group 128; ``awq``: the same with zero
   points; ``act``: act-order (g_idx + perm, group 128);
+* ``awq_gemm``: ``awq_gemm`` on AutoAWQ tensors of the same size (group 128, zero points),
+  decoded on every call (its own kernel, csrc/cpu/awq_gemm_cpu.h), for the side-by-side;
 * ``lin16`` / ``lin32``: ``torch.nn.functional.linear`` in the activation dtype / fp32 on the
   dense dequantized weight (what the model would run without quantization);
 
@@ -21,6 +23,11 @@ twice, so each call streams its weight from DRAM as in a model.
 variant) the ratio dense / kernel at each M and the rule: the smallest M from which the dense
 route is faster on most rows at every larger M (the op's default threshold comes from it; the
 header prints the op's current rule).
+
+``--cpu-time`` (with ``--threads 1``) times each call by the calling thread's CPU time
+(``time.thread_time``) and keeps the minimum: immune to the time slices a shared machine's
+other processes take (not to their use of caches and memory), so one core's kernel speed can
+be compared with torch's while others work.
 
 ``--background-load P`` starts P busy processes (pure Python loops) and measures every row
 twice, quiet and then under that load, printing the slowdown of ``gptq`` and of ``lin16``
@@ -48,7 +55,8 @@ from w4kernels import reference as R
 L3_BYTES = 32 << 20
 ENV_THRESHOLD = "W4K_W4A16_DEQUANT_THRESHOLD"
 # The op's defaults (kW4a16DequantThreshold* in csrc/cpu/w4a16_gemm_dequant.h).
-OP_DEFAULT_THRESHOLD = {"bf16": 256, "fp16": "never (fp16 stays on the kernel)"}
+OP_DEFAULT_THRESHOLD = {"bf16": "never (bf16 stays on the kernel)",
+                        "fp16": "never (fp16 stays on the kernel)"}
 
 
 def print_rule(rule):
@@ -77,16 +85,21 @@ def copies_for(nbytes, minimum=2):
     return max(minimum, -(-2 * L3_BYTES // nbytes))
 
 
-def timeit(fn, args_list, repeats, warmup=2):
+CPU_TIME = False  # --cpu-time: min of the calling thread's CPU time instead of the wall median
+
+
+def timeit(fn, args_list, repeats, warmup=2, wall=False):
     for i in range(warmup):
         fn(*args_list[i % len(args_list)])
+    cpu_time = CPU_TIME and not wall
+    clock = time.thread_time if cpu_time else time.perf_counter
     times = []
     for i in range(repeats):
         args = args_list[i % len(args_list)]
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(*args)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(clock() - t0)
+    return min(times) if cpu_time else statistics.median(times)
 
 
 def probe_gbs(repeats, threads):
@@ -107,14 +120,24 @@ def probe_gbs(repeats, threads):
         for w in workers:
             w.join()
 
-    t = timeit(once, [(x,) for x in xs], repeats)
+    t = timeit(once, [(x,) for x in xs], repeats, wall=True)  # the work is in other threads
     return xs[0].nbytes / t / 1e9
 
 
 def make_weights(size_k, size_n, variant, dtype, gen, copies):
-    """Marlin operands (b_q_weight, b_scales, b_zeros, g_idx, perm) and the dense [N, K] weight."""
+    """Marlin operands (b_q_weight, b_scales, b_zeros, g_idx, perm) and the dense [N, K] weight;
+    for ``awq_gemm``, AutoAWQ tensors (qweight [K, N/8], scales [G, N], qzeros [G, N/8])."""
     group = 128
     out = []
+    if variant == "awq_gemm":
+        for _ in range(copies):
+            words = (size_k, size_n // 8)
+            qw = torch.randint(-2**31, 2**31 - 1, words, dtype=torch.int32, generator=gen)
+            qz = torch.randint(-2**31, 2**31 - 1, (size_k // group, size_n // 8),
+                               dtype=torch.int32, generator=gen)
+            s = (torch.rand(size_k // group, size_n, generator=gen) * 0.01 + 0.001).to(dtype)
+            out.append((qw, s, qz))
+        return out, None
     for _ in range(copies):
         q = torch.randint(0, 16, (size_k, size_n), dtype=torch.int32, generator=gen)
         s = (torch.rand(size_k // group, size_n, generator=gen) * 0.01 + 0.001).to(dtype)
@@ -160,8 +183,11 @@ def main():
     ap.add_argument("--variants", default="gptq,awq,act")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    ap.add_argument("--peak-tflops", type=float, default=1.0,
-                    help="the vdpbf16ps peak of this machine (issue 9: ~1.0 on 2 cores)")
+    ap.add_argument("--peak-tflops", type=float, default=0.468,
+                    help="the vdpbf16ps peak of the threads used (bench_cpu_gemm.py measured "
+                         "0.468 on this project's 2 cores, quiet; 0.234 for one)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="with --threads 1: min of the thread's CPU time per call (see above)")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 F.linear baseline")
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also measure every row while P busy processes run")
@@ -170,6 +196,11 @@ def main():
                          "huge; dense: 0, dequantize once + torch matmul) and print the measured "
                          "dispatch rule")
     args = ap.parse_args()
+    if args.cpu_time:
+        if args.threads != 1:
+            ap.error("--cpu-time needs --threads 1 (it times the calling thread only)")
+        global CPU_TIME
+        CPU_TIME = True
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -177,7 +208,8 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     variants = args.variants.split(",")
     if args.routes:
-        variants = [f"{v}:{r}" for v in variants for r in ("kern", "deq")]
+        variants = [v if v == "awq_gemm" else f"{v}:{r}" for v in variants
+                    for r in (("kern",) if v == "awq_gemm" else ("kern", "deq"))]
     gen = torch.Generator().manual_seed(0)
     op = torch.ops.w4kernels.w4a16_gemm
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
@@ -185,6 +217,7 @@ def main():
                   if ln.startswith("model name")), "?")
     probe = probe_gbs(max(5, args.repeats // 2), torch.get_num_threads())
     print(f"cpu={model!r} threads={torch.get_num_threads()} dtype={args.dtype} group=128 "
+          f"timing={'min thread CPU time' if CPU_TIME else 'wall median'} "
           f"repeats={args.repeats} torch={torch.__version__} "
           f"avx512_bf16={'avx512_bf16' in flags} W4K_CPU_ISA={os.environ.get('W4K_CPU_ISA')} "
           f"loadavg={os.getloadavg()[0]:.1f} probe={probe:.1f} GB/s "
@@ -197,14 +230,14 @@ def main():
             f" {'x lin16':>7}")
     if args.background_load:
         head += f" | {'gptq@load':>9} {'slow':>5} {'lin16@load':>10} {'slow':>5}"
-    print(head + "   (times: ms, medians)")
+    print(head + ("   (times: ms, min thread CPU time)" if CPU_TIME else "   (times: ms, medians)"))
     rule = {}
     for size_n, size_k in shapes:
         n_q = copies_for(size_k * size_n // 2)
         base = {v.split(":")[0] for v in variants}
         base = {b: make_weights(size_k, size_n, b, dtype, gen, n_q) for b in sorted(base)}
         weights = {v: base[v.split(":")[0]] for v in variants}
-        dense = weights[variants[0]][1]
+        dense = next(w[1] for w in weights.values() if w[1] is not None)
         w16 = [dense.clone() for _ in range(copies_for(2 * size_k * size_n))]
         w32 = [] if args.no_fp32 else [dense.float() for _ in range(copies_for(4 * size_k * size_n))]
         ws = w4kernels.ops.marlin_workspace(size_n)
@@ -215,6 +248,9 @@ def main():
             def run(bq, bs, bz, gi, pm):
                 return op(a, bq, bs, bz, gi, pm, ws, 4, m, size_n, size_k, True, None, True)
 
+            def run_awq(qw, s, qz):
+                return torch.ops.w4kernels.awq_gemm(a, qw, s, qz, 8)
+
             def timed(v):
                 # the op reads W4K_W4A16_DEQUANT_THRESHOLD on every call
                 route = v.split(":")[1] if ":" in v else None
@@ -222,7 +258,8 @@ def main():
                 if route:
                     os.environ[ENV_THRESHOLD] = "0" if route == "deq" else str(1 << 62)
                 try:
-                    return timeit(run, weights[v][0], args.repeats)
+                    fn = run_awq if v.split(":")[0] == "awq_gemm" else run
+                    return timeit(fn, weights[v][0], args.repeats)
                 finally:
                     if route:
                         os.environ.pop(ENV_THRESHOLD, None)

@@ -180,9 +180,11 @@ def test_cpu_small_m_paths(monkeypatch, dtype, lut_rows, act_order, m):
     """Both AVX-512 small-M variants (lookup tables and the blocked dequantize-then-FMA path,
     selected with W4K_W4A16_LUT_ROWS) at every row-block remainder, with zero points and bias.
     The act-order shard has random group boundaries, so some k-tiles span two groups (the
-    lookup-table path dequantizes those row by row)."""
+    lookup-table path dequantizes those row by row). The decode path, which takes these M by
+    default, is turned off (W4K_W4A16_PAIR_ROWS=0) so that these paths run."""
     b = backend_or_skip("cpu", OP)
     monkeypatch.setenv("W4K_W4A16_LUT_ROWS", lut_rows)
+    monkeypatch.setenv("W4K_W4A16_PAIR_ROWS", "0")
     case = make_case(m, 512, 128, 64, dtype, act_order, zp=True, bias=True, seed=m)
     if act_order:
         g = case["g_idx"].reshape(-1, 16)

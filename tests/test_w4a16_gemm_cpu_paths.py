@@ -16,9 +16,9 @@ from conftest import backend_or_skip
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 16 (bf16, with AVX512-BF16) or 4 (fp16) on an
-# AVX-512 CPU;
-# W4K_W4A16_PAIR_ROWS=0 turns it off (then the lookup tables, or the blocked path).
+# The decode path is the default at M <= 8 (bf16, with AVX512-BF16) or 4 (fp16) on an
+# AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
+# larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
@@ -33,8 +33,9 @@ DTYPE_M = ([(torch.bfloat16, m) for m in (1, 2, 3, 4, 6, 7, 13, 16)] +
 @pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])
 @pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
 @pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act", "shard_zp"])
-def test_decode_path(config, size_k, size_n, dtype, m):
+def test_decode_path(monkeypatch, config, size_k, size_n, dtype, m):
     b = backend_or_skip("cpu", OP)
+    monkeypatch.setenv("W4K_W4A16_PAIR_ROWS", "16")  # M = 13 and 16: two row blocks
     # groups of whole k-tiles that divide K: 128 or 80 rows; 32 or 16 (one tile)
     large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
     group, act, zp, bias = {"g128": (large, None, False, False),
@@ -128,3 +129,71 @@ def test_fp16_output_overflow_rounds_like_torch():
     acc = torch.full((1, size_n), 7.0 * size_k)
     assert golden.same_bits(out, ((acc * s.float()) + 0.0).to(torch.float16))
     assert bool(out.isinf().all())
+
+
+# The blocked vdpbf16ps path (bf16, M above the decode path's rows) decodes k-tiles of one
+# group by table lookups; W4K_W4A16_PAIR_LUT=0 computes each weight in fp32 instead. Both give
+# the same rounded weights in the same layout and the same summation order, so the same bits
+# on any input. Shapes: K = 11008 (86 k-blocks of 128 rows) and K = 1040 (65 k-tiles: a last
+# k-block of one tile), N odd multiples of 64; M = 5 and 17 (row-block remainders 5 and 5) and
+# 300; act-order puts group boundaries inside k-tiles (decoded the fp32 way on both).
+BLOCKED = {"W4K_W4A16_PAIR_ROWS": "0", "W4K_W4A16_LUT_ROWS": "0"}
+
+
+@pytest.mark.parametrize("m", [5, 17, 300])
+@pytest.mark.parametrize("size_k,size_n", [(11008, 192), (1040, 320)])
+@pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act_zp"])
+def test_blocked_bf16_table_decode_same_bits(monkeypatch, config, size_k, size_n, m):
+    b = backend_or_skip("cpu", OP)
+    if m == 300 and size_k == 11008:
+        size_n = 64  # keeps the float64 reference cheap
+    large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
+    group, act, zp, bias = {"g128": (large, None, False, False),
+                            "g32_zp": (small, None, True, False),
+                            "chan_zp_bias": (-1, None, True, True),
+                            "act_zp": (large, "k_full", True, True)}[config]
+    case = make_case(m, size_k, size_n, group, torch.bfloat16, act, zp, bias, seed=m + size_n)
+    outs = []
+    for env in [BLOCKED, {**BLOCKED, "W4K_W4A16_PAIR_LUT": "0"}]:
+        with monkeypatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            outs.append(call(b, case))
+    assert golden.same_bits(outs[0], outs[1])
+    with monkeypatch.context() as mp:
+        for key, value in BLOCKED.items():
+            mp.setenv(key, value)
+        check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [37, 300])
+def test_threads_same_bits_k11008(dtype, m):
+    """K = 11008 (43 k-blocks of 256 rows on the bf16 blocked path), N = 192 (3 chunks: with 1
+    and 2 threads the rows are split into different row blocks at M = 300), act-order with
+    zero points and bias: 1 and 2 threads give the same bits."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 11008, 192, 128, dtype, "k_full", zp=True, bias=True, seed=m + 1)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(b, case)
+        torch.set_num_threads(2)
+        two = call(b, case)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
+
+
+def test_large_call_own_scratch():
+    """A call whose scratch (a as fp32 and bf16, the fp32 result: ~68 MB at M = 1024, K = 11008)
+    exceeds what the binding keeps per thread (64 MiB) gets a buffer of its own; rows are
+    independent, so its result must equal the two half calls' (which use the kept buffer)."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(1024, 11008, 64, 128, torch.bfloat16, zp=True, bias=True, seed=3)
+    whole = call(b, case)
+    halves = []
+    for rows in (slice(0, 512), slice(512, 1024)):
+        half = dict(case, a=case["a"][rows].contiguous(), size_m=512)
+        halves.append(call(b, half))
+    assert golden.same_bits(whole, torch.cat(halves))

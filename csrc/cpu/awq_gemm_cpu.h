@@ -293,8 +293,12 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
 template <Dtype D, int MR>
 W4K_AWQ_AVX512 inline void strip_rows(const Problem& pb, const float* xf, int64_t m0, int64_t k0,
                                       int64_t kb, const float* tile, float* acc, int64_t ldacc) {
+  // Unrolled loops over the accumulators: GCC then keeps c in registers across the strip
+  // instead of copying it through the stack before and after.
   __m512 c[MR][4];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) c[r][j] = _mm512_loadu_ps(acc + (m0 + r) * ldacc + 16 * j);
   if constexpr (D == Dtype::kHalf) {
     for (int64_t k = 0; k < kb; ++k) {
@@ -337,7 +341,9 @@ W4K_AWQ_AVX512 inline void strip_rows(const Problem& pb, const float* xf, int64_
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + (m0 + r) * ldacc + 16 * j, c[r][j]);
 }
 
@@ -386,12 +392,30 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
       strip_all_rows<D>(pb, xf, k0, kb, tile, acc + b * pb.size_m * kBlockN, ldacc);
     }
   }
+  // Lane index of each column (inverse of lane_column), per 16 columns; lane_column keeps the
+  // 32-column halves, so half h reads lanes 32h .. 32h + 31 only.
+  alignas(64) int32_t lane_of[kBlockN];
+  for (int p = 0; p < kBlockN; ++p) lane_of[lane_column(p)] = p % 32;
   for (int64_t b = 0; b < nblocks; ++b) {
     const int64_t n0 = n_begin + b * kBlockN;
     const int64_t ncols = std::min(kBlockN, n_end - n0);
     for (int64_t m = 0; m < pb.size_m; ++m) {
       const float* a = acc + (b * pb.size_m + m) * kBlockN;
       uint16_t* o = pb.out + m * pb.size_n + n0;
+      if (ncols == kBlockN) {
+        // vcvtneps2bf16 / vcvtps2ph round exactly as round_to<D> (RNE; bf16: NaN made quiet,
+        // denormal -> signed zero), so this is the scalar loop below, 16 columns at a time.
+        for (int v = 0; v < 4; ++v) {
+          const float* half = a + 32 * (v / 2);
+          const __m512 col = _mm512_permutex2var_ps(
+              _mm512_load_ps(half), _mm512_load_si512(lane_of + 16 * v), _mm512_load_ps(half + 16));
+          const __m256i bits =
+              D == Dtype::kHalf ? _mm512_cvtps_ph(col, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                : reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(col));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * v), bits);
+        }
+        continue;
+      }
       for (int p = 0; p < kBlockN; ++p)
         if (lane_column(p) < ncols) o[lane_column(p)] = round_to<D>(a[p]);
     }

@@ -117,17 +117,37 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   if (args.num_groups > 1 && size_m >= cpu::w4a16_gemm_dequant_threshold(type))
     return w4a16_gemm_cpu_dense(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_bias, args,
                                 size_m, size_n, size_k, type, isa, threads);
+  // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
+  // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
+  // on every call, whose first-touch faults and zeroing cost a few % of a prefill call
+  // (M = 256 x N = 11008: 11 MiB of fp32 result alone). Calls that need more than
+  // kKeptScratchBytes get a buffer of their own, freed on return, so a long prompt does not
+  // pin its buffers for the life of the thread.
+  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+  thread_local std::vector<float> kept_scratch;
+  std::vector<float> own_scratch;
   const int64_t lda = size_k + 16;
-  at::Tensor a32 = at::empty({size_m, lda}, a.options().dtype(at::kFloat));
   // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
   // bytes, next to the K * N / 2 of the weight).
   const int64_t lda_bf16 = size_k + 32;
+  const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
+  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each), 16-float aligned
+  const int64_t a32_floats = (size_m * lda + 15) / 16 * 16;
+  const int64_t c32_floats = (size_m * size_n + 15) / 16 * 16;
+  const int64_t bf16_floats = gather_bf16 ? (size_m * lda_bf16 + 1) / 2 : 0;
+  const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
+  std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
+                                                                          : own_scratch;
+  if (scratch.size() < need) scratch.resize(need);
+  auto scratch_tensor = [&](int64_t offset, at::IntArrayRef shape, at::ScalarType dtype) {
+    return at::from_blob(scratch.data() + offset, shape, a.options().dtype(dtype));
+  };
+  at::Tensor a32 = scratch_tensor(0, {size_m, lda}, at::kFloat);
+  at::Tensor c32 = scratch_tensor(a32_floats, {size_m, size_n}, at::kFloat);
   at::Tensor a_bf16;
-  if (type == cpu::HalfType::kBFloat16) a_bf16 = at::empty({size_m, lda_bf16}, a.options());
-  const bool gather_bf16 = a_bf16.defined();
+  if (gather_bf16) a_bf16 = scratch_tensor(a32_floats + c32_floats, {size_m, lda_bf16}, at::kBFloat16);
   at::Tensor bias32;
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
-  at::Tensor c32 = at::empty({size_m, size_n}, a.options().dtype(at::kFloat));
   at::Tensor out = at::empty({size_m, size_n}, a.options());
   const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
   const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;

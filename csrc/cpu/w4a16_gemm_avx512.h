@@ -5,7 +5,9 @@
 // * dequant_tile_avx512 + micro_avx512: the blocked path (dequantize a k-block of one chunk to
 //   fp32, then a 6-row x 64-column register-blocked FMA loop).
 // * dequant_tile_pairs_avx512 + micro_bf16_avx512: the same for bf16 activations with
-//   vdpbf16ps (AVX512-BF16), two k-rows per instruction.
+//   vdpbf16ps (AVX512-BF16), two k-rows per instruction; one-group k-tiles are decoded by
+//   table lookups instead (build_tile_pair_tables_avx512 + decode_tile_pairs_lut_avx512,
+//   same bits), and write_chunk_row_grouped_avx512 writes a grouped chunk row out.
 // * lut_chunk_avx512: few rows of a; per-column lookup tables, one vpermps per 16 weights.
 #pragma once
 
@@ -111,8 +113,10 @@ template <int MR>
 __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda,
                                                      const float* wbuf, int64_t kc,
                                                      float* acc) {
-  __m512 c[MR][4];
+  __m512 c[MR][4];  // unrolled loops: c stays in registers (see micro_bf16_avx512)
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) c[i][q] = _mm512_loadu_ps(acc + i * 64 + 16 * q);
   for (int64_t k = 0; k < kc; ++k) {
     const float* w_row = wbuf + k * 64;
@@ -126,7 +130,9 @@ __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda
       c[i][3] = _mm512_fmadd_ps(av, w3, c[i][3]);
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + i * 64 + 16 * q, c[i][q]);
 }
 
@@ -206,12 +212,131 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
   }
 }
 
+// ---- blocked vdpbf16ps path: the k-tile decoded by table lookups -----------------------------
+//
+// A column of one group has only 16 possible weights, so the blocked path looks them up instead
+// of computing (q - z) * s per weight. Word lane L = 4t + j of line c (words 16c .. 16c + 15 of
+// a chunk's k-tile) holds in nibbles e' and e' + 4 (e' = 0..3) the weights of rows 2t + 8h and
+// 2t + 8h + 1 (h = e' & 1) of column 16j + c + 8*b2 (b2 = e' >> 1) (MarlinChunkTables). A 16-bit
+// shift puts nibble e' in the low and e' + 4 in the high half of every 32-bit lane, so one
+// vpermt2w over a 64-entry table (index 4q + j: the 4 columns j of (c, b2), 16 codes q) gives
+// the bf16 pair (w[2t + 8h], w[2t + 8h + 1]) of that column in lane (t, j). Transposing the
+// 128-bit blocks t of the four lines c = 4cg .. 4cg + 3 then gives, per t, one vector of 16
+// columns of pair row t + 4h: lane 4cl + j = column 16j + 4cg + cl + 8*b2, which is wbuf column
+// 16(2cg + b2) + 4cl + j (MarlinChunkTables::colperm), i.e. exactly the pair layout of
+// dequant_tile_pairs_avx512. Per 32 weights: a shift, a vpternlogd, a vpermt2w, two 128-bit
+// shuffles (instead of ~18 fp32 operations), and the same values (the table entries are rounded
+// by bf16_rne_bits from the same (q - z) * s), so both decoders give the same bits.
+
+// tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of (q - z) * s of chunk column 16j + c + 8*b2
+// (wbuf column x = 16(2cg + b2) + 4cl + j, c = 4cg + cl): the tables of one chunk and group,
+// straight from the operands. Marlin's scale perm puts the scale of that column at
+// s_row[8c + 2j + b2] and its zero point in nibble 4*b2 + j of zero-point word c (the values
+// decode_chunk_groups gives, tested through the fp32 decoder). s_row: the group's 64 bf16
+// scale bits of the chunk, nullptr: s = 1 (per channel: the scale goes to the epilogue);
+// z_words: the group's 8 zero-point words of the chunk, nullptr: z = 8.
+__attribute__((target("avx512f,avx512bw,fma"))) inline void build_tile_pair_tables_avx512(
+    const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
+  // lane l of vector r: code q = 4r + l / 4, column j = l % 4 (entry 16r + l = 4q + j)
+  const __m512 code0 = _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i b2_halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
+  const __m128i z_shift[2] = {_mm_setr_epi32(0, 4, 8, 12), _mm_setr_epi32(16, 20, 24, 28)};
+  for (int c = 0; c < 8; ++c) {
+    __m256 s8 = _mm256_set1_ps(1.0f);
+    if (s_row) {  // bf16 -> fp32: the bits in the high half
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
+      s8 = _mm256_permutevar8x32_ps(
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)), b2_halves);
+    }
+    const __m128i zw = _mm_set1_epi32(z_words ? z_words[c] : static_cast<int32_t>(0x88888888u));
+    for (int b2 = 0; b2 < 2; ++b2) {
+      const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
+                                                 : _mm256_castps256_ps128(s8));
+      const __m512 z = _mm512_broadcast_f32x4(_mm_cvtepi32_ps(
+          _mm_and_si128(_mm_srlv_epi32(zw, z_shift[b2]), _mm_set1_epi32(15))));
+      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
+      // times an 8-bit significand) and so is their difference (a 5-bit integer times s),
+      // so the fma's one rounding changes nothing: the value of the fp32 decoder.
+      const __m512 zs = _mm512_mul_ps(z, s);
+      uint16_t* t = tbl + (2 * c + b2) * 64;
+      for (int r = 0; r < 4; ++r) {
+        const __m512 q = _mm512_add_ps(code0, _mm512_set1_ps(4.0f * r));
+        const __m512 w = _mm512_fmsub_ps(q, s, zs);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * r),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(w), 16)));
+      }
+    }
+  }
+}
+
+// One k-tile of a chunk (its 128 words) -> wpairs[8][64] (pair rows, wbuf column order) through
+// the tables of the tile's group (build_tile_pair_tables_avx512).
+__attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_avx512(
+    const int32_t* words, const uint16_t* tbl, uint32_t* wpairs) {
+  // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
+  const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
+                                             0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
+                                             0x20002, 0x30003);
+#pragma GCC unroll 2
+  for (int cg = 0; cg < 2; ++cg) {
+    __m512i w[4];
+    for (int cl = 0; cl < 4; ++cl) w[cl] = _mm512_loadu_si512(words + 16 * (4 * cg + cl));
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) {  // h = e & 1, b2 = e >> 1
+      __m512i v[4];
+      for (int cl = 0; cl < 4; ++cl) {
+        const __m512i shifted =
+            e == 0 ? _mm512_slli_epi16(w[cl], 2) : _mm512_srli_epi16(w[cl], 4 * e - 2);
+        // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
+        const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+        const uint16_t* t = tbl + (2 * (4 * cg + cl) + (e >> 1)) * 64;
+        v[cl] = _mm512_permutex2var_epi16(_mm512_loadu_si512(t), idx, _mm512_loadu_si512(t + 32));
+      }
+      // 4 x 4 transpose of 128-bit blocks: out[t] block cl = v[cl] block t
+      const __m512i t0 = _mm512_shuffle_i32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_i32x4(v[0], v[1], 0xee);
+      const __m512i t2 = _mm512_shuffle_i32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_i32x4(v[2], v[3], 0xee);
+      uint32_t* dst = wpairs + 4 * (e & 1) * 64 + 16 * (2 * cg + (e >> 1));
+      _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(t0, t2, 0x88));
+      _mm512_storeu_si512(dst + 64, _mm512_shuffle_i32x4(t0, t2, 0xdd));
+      _mm512_storeu_si512(dst + 128, _mm512_shuffle_i32x4(t1, t3, 0x88));
+      _mm512_storeu_si512(dst + 192, _mm512_shuffle_i32x4(t1, t3, 0xdd));
+    }
+  }
+}
+
+// c_row[n] = acc[xcol[n]] + bias[n] for the 64 columns of a chunk (grouped weights: the
+// epilogue is one fp32 add, the same as epilogue() with chan_scale == nullptr). Output vector
+// v (columns 16v .. 16v + 15, n = 16v + r, r = 4cg + cl + 8*b2) reads wbuf column
+// x = 16(2cg + b2) + 4cl + v: from acc[0..31] where cg = 0 (r % 8 < 4), else acc[32..63].
+__attribute__((target("avx512f"))) inline void write_chunk_row_grouped_avx512(
+    const float* acc, const float* bias, float* c_row) {
+  const __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16);
+  const __m512 a2 = _mm512_loadu_ps(acc + 32), a3 = _mm512_loadu_ps(acc + 48);
+  // index within the 32 floats of its half: x % 32 = 16 * b2 + 4 * cl + v
+  const __m512i base = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28);
+  constexpr __mmask16 kHigh = 0xF0F0;  // r % 8 >= 4: cg = 1
+  for (int v = 0; v < 4; ++v) {
+    const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(v));
+    const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1);
+    const __m512 hi = _mm512_permutex2var_ps(a2, idx, a3);
+    __m512 out = _mm512_mask_blend_ps(kHigh, lo, hi);
+    out = _mm512_add_ps(out, bias ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps());
+    _mm512_storeu_ps(c_row + 16 * v, out);
+  }
+}
+
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64]; a is bf16 (uint16 bits), kc even.
 template <int MR>
 __attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(
     const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc) {
+  // The loops over the accumulators are unrolled so that GCC keeps c in registers from the
+  // first load to the last store (without the pragmas it copied all of c through the stack
+  // before and after the k loop: ~120 extra loads and stores per call).
   __m512 c[MR][4];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) c[i][q] = _mm512_loadu_ps(acc + i * 64 + 16 * q);
   for (int64_t kp = 0; kp < kc / 2; ++kp) {
     const uint32_t* w_row = wpairs + kp * 64;
@@ -229,7 +354,9 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_bf16_avx512(
       c[i][3] = _mm512_dpbf16_ps(c[i][3], av, w3);
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + i * 64 + 16 * q, c[i][q]);
 }
 

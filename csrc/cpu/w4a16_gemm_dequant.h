@@ -25,14 +25,15 @@ namespace w4k::cpu {
 
 // Rows M from which w4a16_gemm (G > 1) dequantizes once and calls torch's matmul instead of
 // running the kernel. Measured with `benchmarks/bench_w4a16_cpu.py --routes` (README "CPU
-// w4a16_gemm", dispatch by M): bf16, the dense route (oneDNN's bf16 GEMM plus the decode) is
-// ahead on most (shape, variant) rows from M = 256 in two runs (at 4096 x 4096 about even at
-// 256, 10 % ahead at 512) and behind on every row up to M = 128; fp16 never: this
+// w4a16_gemm", dispatch by M): bf16 never by default since the blocked vdpbf16ps path decodes
+// by table lookups (2026-11-24 10:06 UTC, shared machine: the kernel was ahead on 8 of the 9
+// (shape, variant) rows at M = 256 and on all 9 at M = 512, dense / kernel 0.97-1.35 and
+// 1.02-1.32; before that change the dense route led from M = 256); fp16 never: this
 // CPU has no AVX512-FP16, torch's fp16 GEMM ran 4x slower than the kernel at M = 512 (and 700x
 // slower with the weight as [K, N]), so fp16 stays on the kernel unless forced. Overridden per
 // call by W4K_W4A16_DEQUANT_THRESHOLD (a non-negative integer, both dtypes; 0 sends every M to
 // the dense route); unset or unparsable -> these defaults.
-constexpr int64_t kW4a16DequantThresholdBf16 = 256;
+constexpr int64_t kW4a16DequantThresholdBf16 = INT64_MAX;
 constexpr int64_t kW4a16DequantThresholdFp16 = INT64_MAX;
 
 inline int64_t w4a16_gemm_dequant_threshold(HalfType type) {

@@ -100,9 +100,13 @@ inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
 
 // Rows of a up to which the decode path is used (pair_chunks_avx512, row blocks of 8 (bf16)
 // or 4 (fp16)); W4K_W4A16_PAIR_ROWS overrides it (0 turns the path off: tests compare the
-// paths). Measured (one thread, 4096 x 4096, machine shared): bf16 at M = 8 / 16 2.1 / 4.1 ms
-// against 4.5 / 5.9 ms on the blocked vdpbf16ps path, no clear winner at 32 and 64; fp16 at
-// M = 8 5.4 ms against 5.0 ms on the lookup tables.
+// paths). Measured (bench_w4a16_cpu.py --threads 1 --cpu-time, GPTQ g128, machine shared),
+// bf16, ms decode path (W4K_W4A16_PAIR_ROWS=16) / blocked vdpbf16ps path with its table decode:
+// M = 9: 2.55 / 3.07 (4096 x 4096), 8.85 / 7.89 (11008 x 4096), 7.15 / 9.12 (4096 x 11008);
+// M = 12: 3.20 / 3.43, 10.6 / 9.08, 8.77 / 9.38; M = 16: 4.05 / 4.05, 15.1 / 11.2,
+// 11.0 / 11.0. Above 8 rows neither wins every shape; the blocked path keeps every shape ahead
+// of dense bf16 F.linear (1.09-1.23x at M = 9..16), the decode path does not (0.80x at 11008 x
+// 4096, M = 16): bf16 up to 8 rows. fp16 at M = 8 5.4 ms against 5.0 ms on the lookup tables.
 inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : default_rows;
@@ -115,12 +119,9 @@ inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
-  constexpr int64_t kKc = 64;  // rows of K per dequantized block: 64 x 64 fp32 = 16 KiB (half of L1)
   const MarlinChunkTables& tb = chunk_tables();
   const int64_t rows = m1 - m0;
   const bool has_zp = p.zeros != nullptr;
-  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
-  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   float chan_scale_buf[64];
   float* chan_scale = p.num_groups == 1 ? chan_scale_buf : nullptr;  // per-channel epilogue
   const float* srow[16];
@@ -130,6 +131,18 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
   const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
                           p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
+  // Rows of K per dequantized block. fp32: 64 x 64 fp32 = 16 KiB (half of L1). bf16 pairs:
+  // 256 rows = 128 pair rows x 64 columns x 4 bytes = 32 KiB, so every load/store of the
+  // 6 x 64 accumulators is spread over 128 k-pairs x 24 vdpbf16ps (measured, one thread,
+  // 11008 x 4096, M = 32..256: 1-4 % faster than 128 rows).
+  const int64_t kKc = use_dpbf16 ? 256 : 64;
+  // The vdpbf16ps path decodes one-group k-tiles by table lookups
+  // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
+  // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
+  const char* lut_env = std::getenv("W4K_W4A16_PAIR_LUT");
+  const bool pair_lut = !(lut_env && std::strcmp(lut_env, "0") == 0);
+  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
+  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
   // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path, ~6
   // against the vdpbf16ps one.
@@ -140,10 +153,10 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 16);
+                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 8);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut || use_pairs) {
+  if (use_lut || use_pairs || use_dpbf16) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -171,9 +184,22 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   (void)use_lut;
   (void)use_pairs;
   (void)use_dpbf16;
+  (void)pair_lut;
   (void)avx2;  // all unused when the AVX-512 paths are compiled out
+  // vdpbf16ps path: the pair tables of the current group (build_tile_pair_tables_avx512).
+  alignas(64) uint16_t pair_tbl[16 * 64];
+  (void)pair_tbl;
+  // The table decode reads the scales and zero points itself; the fp32 ones
+  // (decode_chunk_groups) are needed by the lookup-table path, for the epilogue's per-channel
+  // scales and for k-tiles whose rows span groups (act-order), which the fp32 decoder handles.
+  const bool lut_decode = use_dpbf16 && pair_lut;
+  const bool fp32_groups =
+      !lut_decode || use_lut || chan_scale != nullptr ||
+      std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
-    decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
+    if (fp32_groups) decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
+    int64_t tbl_group = -1;  // the group pair_tbl holds (tables are per chunk)
+    (void)tbl_group;
 #ifdef W4K_HAVE_AVX512_PATH
     if (use_lut) {
       const float* z = has_zp ? zf.data() : nullptr;
@@ -190,20 +216,42 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
       const int64_t kc = std::min(kKc, p.size_k - kb);
       for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
-        for (int r = 0; r < 16; ++r) {
-          int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
-          srow[r] = sc.data() + g * 64;
-          zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
-        }
+        auto set_group_rows = [&] {  // each row's fp32 scales and zero points
+          for (int r = 0; r < 16; ++r) {
+            int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
+            srow[r] = sc.data() + g * 64;
+            zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
+          }
+        };
         const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         float* w_tile = wbuf.data() + (k0 - kb) * 64;
 #ifdef W4K_HAVE_AVX512_PATH
         if (use_dpbf16) {
           uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
+          // Consecutive k-tiles of a chunk are 8 * size_n bytes apart, a stride the hardware
+          // prefetchers do not follow: fetch the tile one k-block ahead (8 lines of 64 bytes).
+          if (k0 + kKc < p.size_k)
+            for (int l = 0; l < 8; ++l)
+              __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+          const int64_t g = tile_group[k0 / 16];
+          if (g >= 0 && lut_decode) {  // one group: table lookups
+            if (g != tbl_group) {
+              build_tile_pair_tables_avx512(
+                  chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                  has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
+              tbl_group = g;
+            }
+            decode_tile_pairs_lut_avx512(words, pair_tbl, pairs);
+            continue;
+          }
+          set_group_rows();
           if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
           else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
           continue;
         }
+#endif
+        set_group_rows();
+#ifdef W4K_HAVE_AVX512_PATH
         if (avx512) {
           const bool fp16 = p.weight_type == HalfType::kFloat16;
           if (has_zp && fp16) dequant_tile_avx512<true, true>(words, srow, zrow, w_tile);
@@ -251,6 +299,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     for (int64_t i = 0; i < rows; ++i) {
       float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
       const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+#ifdef W4K_HAVE_AVX512_PATH
+      if (avx512 && chan_scale == nullptr) {
+        write_chunk_row_grouped_avx512(acc.data() + i * 64, bias, c_row);
+        continue;
+      }
+#endif
       for (int x = 0; x < 64; ++x) {
         int n = tb.colperm[x];
         c_row[n] = epilogue(acc[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
