@@ -18,7 +18,9 @@ namespace awq_cpu {
 //  * looks the bf16 weights up with one vpermw in that pair's table of the group: entries
 //    0..15 = T(fma(v, s_lo, (-z_lo) s_lo)) for v = 0..15, entries 16..31 the same for hi;
 //  * multiplies with one vdpbf16ps against x[16t .. 16t+15] (bf16 pairs, in both halves); fp16
-//    tables hold fp16 values, widened and multiplied by fp32 x (lut_rows).
+//    tables hold fp16 values, widened once per pass to fp32 tables of 16 entries per column
+//    that vpermps indexes with the shifted transposed word itself, then fp32 FMAs with fp32 x
+//    (lut_rows_fp16).
 // Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
 // takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
 // lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 4
@@ -142,56 +144,90 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
   }
 }
 
+// fp16 (D == kHalf) variant of lut_rows (same arguments): the pair's fp16 table is widened
+// once per pass into two 16-entry fp32 tables (lo, hi column; exact), and each nibble position of the transposed word
+// indexes one of them directly with vpermps, which reads only bits 0..3 of each dword: nibble
+// 2b of row i is (tw >> 8b) in lane i, nibble 2b + 1 is (tw >> (8b + 4)). Per 16 weights a
+// shift (none for nibble 0) and a vpermps, where the 16-bit lookup took a vpermt2b, a
+// vpternlogd, a vpermw and two vcvtph2ps per 32. Same products and the same fma chain per lane
+// (lane j of a column takes row 16t + j) as before, so the bits do not change.
+template <int MR>
+W4K_AWQ_AVX512 void lut_rows_fp16(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
+                                  int64_t w, int64_t k0, int64_t tiles, const float* tab,
+                                  const float* tbuf, float* lane) {
+  // Pairs per pass: 8 accumulators + 8 tables at MR <= 2, 4 pairs' worth of registers above.
+  constexpr int kPairs = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);
+  for (int b0 = 0; b0 < 4; b0 += kPairs) {
+    __m512 c[MR][2 * kPairs];  // [m][2 (pair - b0) + half]
+    auto at = [&](int m, int j) {
+      return lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
+    };
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < 2 * kPairs; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+    __m512 tf[2 * kPairs];
+    for (int j = 0; j < kPairs; ++j) {
+      const __m512i t16 = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+      tf[2 * j] = _mm512_cvtph_ps(_mm512_castsi512_si256(t16));
+      tf[2 * j + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t16, 1));
+    }
+    for (int64_t t = 0; t < tiles; ++t) {
+      const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+      __m512 xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
+      for (int j = 0; j < 2 * kPairs; ++j) {
+        const int nibble = 2 * b0 + j;  // pair b0 + j / 2, half j % 2
+        const __m512i idx = nibble == 0 ? tw : _mm512_srli_epi32(tw, 4 * nibble);
+        const __m512 wv = _mm512_permutexvar_ps(idx, tf[j]);
+        for (int m = 0; m < MR; ++m) c[m][j] = _mm512_fmadd_ps(xv[m], wv, c[m][j]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < 2 * kPairs; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+  }
+}
+
 // Rows [m0, m0 + MR) x word w of one line, over the strip's tiles: lane sums in `lane`
 // ([m - m_begin][pair][kLaneFloats]) are loaded, advanced and stored back.
-// bf16: 2 pairs per pass (2 MR accumulators); fp16: 1 pair per pass (halves lo/hi: 2 MR), the
-// looked-up halves widened (vcvtph2ps) and multiplied by fp32 activations xf; lane j of a
-// column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
+// bf16: up to 4 pairs per pass (one accumulator per pair and row): per pair one vpermt2b and
+// one vpternlogd build the 32 indices, one vpermw looks up the bf16 weights, one vdpbf16ps per
+// row of x. fp16: lut_rows_fp16.
 template <Dtype D, int MR>
 W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
                              int64_t w, int64_t k0, int64_t tiles, const float* tab,
                              const float* tbuf, float* lane, const __m512i bsel[4]) {
-  // Pairs per pass: as many as keep 16 accumulators (bf16: one per pair, fp16: two).
-  constexpr int kPairs = D == Dtype::kBFloat16 ? (MR <= 4 ? 4 : 2) : (MR <= 4 ? 2 : 1);
-  constexpr int kAcc = D == Dtype::kBFloat16 ? kPairs : 2 * kPairs;
-  const __m512i low4 = _mm512_set1_epi16(15);
-  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
-  for (int b0 = 0; b0 < 4; b0 += kPairs) {
-    __m512 c[MR][kAcc];  // bf16: [m][pair b0 + j]; fp16: [m][2 (pair - b0) + half]
-    auto at = [&](int m, int j) {
-      return D == Dtype::kBFloat16 ? lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16
-                                   : lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
-    };
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < kAcc; ++j) c[m][j] = _mm512_load_ps(at(m, j));
-    __m512i tb[kPairs];
-    for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
-    for (int64_t t = 0; t < tiles; ++t) {
-      const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
-      const __m512i tw4 = _mm512_srli_epi32(tw, 4);
-      for (int j = 0; j < kPairs; ++j) {
-        const __m512i idx = _mm512_ternarylogic_epi32(
-            _mm512_permutex2var_epi8(tw, bsel[b0 + j], tw4), low4, upper, 0xEA);
-        const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
-        if constexpr (D == Dtype::kBFloat16) {
+  if constexpr (D == Dtype::kHalf) {
+    (void)bsel;
+    lut_rows_fp16<MR>(pb, xf, m0, m_rel, w, k0, tiles, tab, tbuf, lane);
+  } else {
+    // Pairs per pass: as many as keep 16 accumulators (one per pair).
+    constexpr int kPairs = MR <= 4 ? 4 : 2;
+    constexpr int kAcc = kPairs;
+    const __m512i low4 = _mm512_set1_epi16(15);
+    const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+    for (int b0 = 0; b0 < 4; b0 += kPairs) {
+      __m512 c[MR][kAcc];  // [m][pair b0 + j]
+      auto at = [&](int m, int j) { return lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16; };
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < kAcc; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+      __m512i tb[kPairs];
+      for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
+        const __m512i tw4 = _mm512_srli_epi32(tw, 4);
+        for (int j = 0; j < kPairs; ++j) {
+          const __m512i idx = _mm512_ternarylogic_epi32(
+              _mm512_permutex2var_epi8(tw, bsel[b0 + j], tw4), low4, upper, 0xEA);
+          const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
           for (int m = 0; m < MR; ++m) {
             const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
                 reinterpret_cast<const __m256i*>(pb.x + (m0 + m) * pb.ldx + k0 + 16 * t))));
             c[m][j] = _mm512_dpbf16_ps(c[m][j], xv, reinterpret_cast<__m512bh>(wv));
           }
-        } else {
-          const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
-          const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
-          for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
-            c[m][2 * j] = _mm512_fmadd_ps(xv, wlo, c[m][2 * j]);
-            c[m][2 * j + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * j + 1]);
-          }
         }
       }
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < kAcc; ++j) _mm512_store_ps(at(m, j), c[m][j]);
     }
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < kAcc; ++j) _mm512_store_ps(at(m, j), c[m][j]);
   }
 }
 
