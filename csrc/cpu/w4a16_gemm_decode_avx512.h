@@ -261,18 +261,22 @@ struct PairScratch {
   std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
 };
 
-// Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16: vdpbf16ps; fp16
-// (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order: blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as
-// one contiguous run of (ch1 - ch0) * 512 bytes and the pages in use stay few. tile_group[kt]:
+// Chunks [ch0, ch1) x rows [m0, m0 + rows) x k-tiles [kt_begin, kt_end) through the decode path
+// (bf16: vdpbf16ps; fp16 (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order:
+// blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as one contiguous
+// run of (ch1 - ch0) * 512 bytes and the pages in use stay few; a chunk's tables are built right
+// before its tiles are decoded (they are then in L1). part == nullptr: the epilogue's results
+// go to p.c (kt range: all of K); else the raw fp32 sums over the k-tile range go to
+// part[i * p.size_n + n] (row m0 + i, column n), for the caller to add up. tile_group[kt]:
 // the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
 // those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
 // chunk's `extra` sums (wbuf column order), as on the lookup-table path.
 template <bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
-    const int32_t* tile_group, bool any_mixed_tile, PairScratch& s) {
-  constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of each chunk's words
-  const int64_t num_tiles = p.size_k / 16;
+    const int32_t* tile_group, bool any_mixed_tile, PairScratch& s, int64_t kt_begin,
+    int64_t kt_end, float* part, int64_t tiles_per_block = 16) {
+  const int64_t kTilesPerBlock = tiles_per_block;
   const int64_t word_stride = 2 * p.size_n;
   const int64_t num_chunks = ch1 - ch0;
   constexpr int64_t kAccRow = kFp16 ? 512 : 256;
@@ -292,26 +296,24 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
   }
   float wtile[16 * 64];
   int64_t built_first = -1, built_last = -1, groups_per_block = 0;
-  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTilesPerBlock) {
-    const int64_t kt1 = std::min(num_tiles, kt0 + kTilesPerBlock);
+  for (int64_t kt0 = kt_begin; kt0 < kt_end; kt0 += kTilesPerBlock) {
+    const int64_t kt1 = std::min(kt_end, kt0 + kTilesPerBlock);
     int64_t g_first = INT64_MAX, g_last = -1;
     for (int64_t kt = kt0; kt < kt1; ++kt) {
       if (tile_group[kt] < 0) continue;
       g_first = std::min<int64_t>(g_first, tile_group[kt]);
       g_last = std::max<int64_t>(g_last, tile_group[kt]);
     }
-    if (g_last >= 0 && (g_first != built_first || g_last != built_last)) {
+    const bool build_tables = g_last >= 0 && (g_first != built_first || g_last != built_last);
+    if (build_tables) {
       groups_per_block = g_last - g_first + 1;
       s.tbl.resize(num_chunks * groups_per_block * 1024);
-      for (int64_t ch = ch0; ch < ch1; ++ch)
-        for (int64_t g = g_first; g <= g_last; ++g)
-          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                                  p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-                                  s.tbl.data() + ((ch - ch0) * groups_per_block + g - g_first) * 1024);
       built_first = g_first;
       built_last = g_last;
     }
-    const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
+    // The next block of the range (the caller's next range follows in memory, but may be
+    // another thread's).
+    const int64_t prefetch = std::min(kTilesPerBlock, kt_end - kt1);
     constexpr int64_t kRb = kPairRowBlock<kFp16>;
     s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
@@ -338,7 +340,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         }
       }
       if (g_last < 0) continue;  // every tile of the block was mixed
-      const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      if (build_tables)
+        for (int64_t g = g_first; g <= g_last; ++g)
+          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                                         p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+                                         tbl + (g - g_first) * 1024);
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
         pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
@@ -373,8 +380,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         }
         for (int j = 0; j < 4; ++j) {
           const int col = 16 * j + cb / 2 + 8 * (cb % 2);
-          c_row[col] = epilogue(col_sum[j] + extra[i * 64 + tb.xcol[col]], chan_scale, col,
-                                bias ? bias[col] : 0.0f);
+          const float sum = col_sum[j] + extra[i * 64 + tb.xcol[col]];
+          if (part)
+            part[i * p.size_n + 64 * ch + col] = sum;
+          else
+            c_row[col] = epilogue(sum, chan_scale, col, bias ? bias[col] : 0.0f);
         }
       }
     }
