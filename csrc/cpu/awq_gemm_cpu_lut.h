@@ -12,15 +12,16 @@ namespace awq_cpu {
 // more than streaming the weight. This path instead:
 //  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
 //    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
-//  * for byte b of word w, whose low nibble is column lo = 8w + kLaneCol[0][b] and high nibble
-//    column hi = 8w + kLaneCol[1][b], builds 32 indices (words 0..15: rows 0..15 of lo, words
-//    16..31: rows 0..15 of hi, + 16) with one vpermt2b from (T_w, T_w >> 4) and one vpternlogd;
-//  * looks the bf16 weights up with one vpermw in that pair's table of the group: entries
-//    0..15 = T(fma(v, s_lo, (-z_lo) s_lo)) for v = 0..15, entries 16..31 the same for hi;
-//  * multiplies with one vdpbf16ps against x[16t .. 16t+15] (bf16 pairs, in both halves); fp16
-//    tables hold fp16 values, widened once per pass to fp32 tables of 16 entries per column
-//    that vpermps indexes with the shifted transposed word itself, then fp32 FMAs with fp32 x
-//    (lut_rows_fp16).
+//  * bf16: pairs the rows of T_w within each 16-bit unit with one vpshufb (dword 4a + d: unit
+//    d % 2 of rows 2p, 2p + 1, p = 2a + d / 2; unit 0 holds columns 8w + 2e at nibble e, unit 1
+//    columns 8w + 2e + 1), then per nibble e one 16-bit shift and one vpternlogd build the 32
+//    indices (code, + 16 in the odd dwords), one vpermw looks the weights up in the group's
+//    table of columns (2e, 2e + 1): entries 0..15 = T(fma(v, s, (-z) s)) for v = 0..15 of the
+//    even column, 16..31 of the odd one, and one vdpbf16ps multiplies them with the x pairs of
+//    rows (2p, 2p + 1) (lut_rows);
+//  * fp16: the tables hold fp16 values, widened once per pass to fp32 tables of 16 entries per
+//    column that vpermps indexes with the shifted transposed word itself, then fp32 FMAs with
+//    fp32 x (lut_rows_fp16).
 // Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
 // takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
 // lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 4
@@ -153,12 +154,13 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
 }
 
 // fp16 (D == kHalf) variant of lut_rows (same arguments): the pair's fp16 table is widened
-// once per pass into two 16-entry fp32 tables (lo, hi column; exact), and each nibble position of the transposed word
-// indexes one of them directly with vpermps, which reads only bits 0..3 of each dword: nibble
-// 2b of row i is (tw >> 8b) in lane i, nibble 2b + 1 is (tw >> (8b + 4)). Per 16 weights a
-// shift (none for nibble 0) and a vpermps, where the 16-bit lookup took a vpermt2b, a
-// vpternlogd, a vpermw and two vcvtph2ps per 32. Same products and the same fma chain per lane
-// (lane j of a column takes row 16t + j) as before, so the bits do not change.
+// once per pass into two 16-entry fp32 tables (lo, hi column; exact), and each nibble position
+// of the transposed word indexes one of them directly with vpermps, which reads only bits 0..3
+// of each dword: nibble 2b of row i is (tw >> 8b) in lane i, nibble 2b + 1 is
+// (tw >> (8b + 4)). Per 16 weights a shift (none for nibble 0) and a vpermps, where the 16-bit
+// lookup took a vpermt2b, a vpternlogd, a vpermw and two vcvtph2ps per 32. Same products and the
+// same fma chain per lane (lane j of a column takes row 16t + j) as before, so the bits do not
+// change.
 template <int MR>
 W4K_AWQ_AVX512 void lut_rows_fp16(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
                                   int64_t w, int64_t k0, int64_t tiles, const float* tab,
@@ -319,7 +321,8 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
             const float* a = lanes + ((l * rows + m) * 64 + 4 * w + b) * kLaneFloats;
             float acc;
             int col;
-            if constexpr (D == Dtype::kBFloat16) {  // chain p of column 2b + h: lane 4 (p / 2) + 2 (p % 2) + h
+            if constexpr (D == Dtype::kBFloat16) {
+              // chain p of column 2b + h sits in lane 4 (p / 2) + 2 (p % 2) + h
               acc = a[h];
               for (int p = 1; p < kLanes; ++p) acc += a[4 * (p / 2) + 2 * (p % 2) + h];
               col = 2 * b + h;
