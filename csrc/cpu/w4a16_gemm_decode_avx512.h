@@ -311,9 +311,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       built_first = g_first;
       built_last = g_last;
     }
-    // The next block of the range (the caller's next range follows in memory, but may be
-    // another thread's).
-    const int64_t prefetch = std::min(kTilesPerBlock, kt_end - kt1);
+    // The next block, past kt_end too: the K-sliced split's next slice of these columns follows
+    // in memory and is usually the next item one of the threads runs (A/B, 2 threads, M = 1:
+    // equal or faster than stopping at kt_end).
+    const int64_t prefetch = std::min(kTilesPerBlock, p.size_k / 16 - kt1);
     constexpr int64_t kRb = kPairRowBlock<kFp16>;
     s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
