@@ -1,7 +1,7 @@
 """awq_gemm on the CPU: every kernel path gives the same bits, on the shapes that pick each path.
 
 The CPU kernel (csrc/cpu/awq_gemm_cpu.h) has, per activation dtype and ISA:
-  * bf16, M <= 4, K and group size multiples of 16: the table-lookup decode path (K in lanes);
+  * M <= 4, K and group size multiples of 16: the table-lookup decode path (K in lanes);
   * otherwise the tile path (a K strip of 64 columns decoded once, 6-row micro-kernel);
 and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX2) that performs the
 same roundings and the same fma chain per output, so the bits must agree. The AVX2 path
@@ -63,6 +63,11 @@ CASES = [
     (37, 1001, 136, 77, torch.bfloat16),   # tile path, odd K across strips, M = 6 * 6 + 1
     (300, 105, 64, 35, torch.bfloat16),    # tile path, odd K at M = 300
     (2, 4096, 8, 32, torch.float16),       # N = 8: one word, a 1-word block
+    # fp16 lookup path (lut_rows_fp16: vpermps on fp32 tables): 4 pairs per pass at M <= 2,
+    # 2 at M = 3, 4; partial lines and a 1-word tail
+    (1, 256, 320, 32, torch.float16),
+    (2, 512, 1088, 64, torch.float16),
+    (3, 128, 136, 128, torch.float16),
 ]
 
 

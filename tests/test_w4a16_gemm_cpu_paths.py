@@ -47,6 +47,44 @@ def test_decode_path(monkeypatch, config, size_k, size_n, dtype, m):
     check_against_reference(b, case)
 
 
+# The decode path at M <= 4 runs over slices of 64 k-tiles (cpu/w4a16_gemm_decode_split.h):
+# K = 11008 is 10 whole slices and one of 48 tiles, K = 1040 one of 64 and one of 1; N = 1088
+# (17 chunks) is split into two column parts of 9 and 8 chunks. Shard / act-order cases have
+# k-tiles whose rows span groups.
+KSPLIT_CASES = [(torch.bfloat16, 1, "g128", 11008), (torch.bfloat16, 4, "act", 11008),
+                (torch.float16, 3, "shard_zp", 11008), (torch.float16, 1, "chan_zp_bias", 11008),
+                (torch.bfloat16, 2, "g32_zp", 1040), (torch.float16, 4, "g128", 1040)]
+
+
+@pytest.mark.parametrize("dtype,m,config,size_k", KSPLIT_CASES,
+                         ids=[f"{str(d)[6:]}-M{m}-{c}-K{k}" for d, m, c, k in KSPLIT_CASES])
+def test_decode_k_slices(monkeypatch, dtype, m, config, size_k):
+    """The K-sliced split: within the float64 bound (its slices add the fp32 sums in another
+    order), 1 and 2 threads the same bits (the slices are fixed by K), and the column split it
+    replaces (W4K_W4A16_KSPLIT=0) within the same bound."""
+    b = backend_or_skip("cpu", OP)
+    size_n = 1088
+    group = {"g128": 128, "act": 128, "shard_zp": 64, "chan_zp_bias": -1, "g32_zp": 32}[config]
+    if size_k % group != 0 and group > 0:
+        group = 16
+    act = {"act": "k_full", "shard_zp": "shard"}.get(config)
+    zp = config.endswith("zp") or config == "chan_zp_bias"
+    case = make_case(m, size_k, size_n, group, dtype, act, zp, config.endswith("bias"),
+                     seed=7 * m + size_k)
+    check_against_reference(b, case)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(b, case)
+        torch.set_num_threads(2)
+        two = call(b, case)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
+    monkeypatch.setenv("W4K_W4A16_KSPLIT", "0")
+    check_against_reference(b, case)
+
+
 @pytest.mark.parametrize("m", [1, 3, 4])
 @pytest.mark.parametrize("zp,act_order", [(False, None), (True, "k_full")], ids=["sym", "act_zp"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -12,13 +12,16 @@ namespace awq_cpu {
 // more than streaming the weight. This path instead:
 //  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
 //    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
-//  * for byte b of word w, whose low nibble is column lo = 8w + kLaneCol[0][b] and high nibble
-//    column hi = 8w + kLaneCol[1][b], builds 32 indices (words 0..15: rows 0..15 of lo, words
-//    16..31: rows 0..15 of hi, + 16) with one vpermt2b from (T_w, T_w >> 4) and one vpternlogd;
-//  * looks the bf16 weights up with one vpermw in that pair's table of the group: entries
-//    0..15 = T(fma(v, s_lo, (-z_lo) s_lo)) for v = 0..15, entries 16..31 the same for hi;
-//  * multiplies with one vdpbf16ps against x[16t .. 16t+15] (bf16 pairs, in both halves); fp16
-//    tables hold fp16 values, widened and multiplied by fp32 x (lut_rows).
+//  * bf16: pairs the rows of T_w within each 16-bit unit with one vpshufb (dword 4a + d: unit
+//    d % 2 of rows 2p, 2p + 1, p = 2a + d / 2; unit 0 holds columns 8w + 2e at nibble e, unit 1
+//    columns 8w + 2e + 1), then per nibble e one 16-bit shift and one vpternlogd build the 32
+//    indices (code, + 16 in the odd dwords), one vpermw looks the weights up in the group's
+//    table of columns (2e, 2e + 1): entries 0..15 = T(fma(v, s, (-z) s)) for v = 0..15 of the
+//    even column, 16..31 of the odd one, and one vdpbf16ps multiplies them with the x pairs of
+//    rows (2p, 2p + 1) (lut_rows);
+//  * fp16: the tables hold fp16 values, widened once per pass to fp32 tables of 16 entries per
+//    column that vpermps indexes with the shifted transposed word itself, then fp32 FMAs with
+//    fp32 x (lut_rows_fp16).
 // Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
 // takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
 // lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 4
@@ -108,7 +111,13 @@ W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
   }
 }
 
-// Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 bf16 (lo: 0..15, hi: 16..31).
+// Byte b and half h (0: low nibble) of the AutoAWQ word holding column j: kLaneCol[h][b] == j.
+constexpr int kColHalf[8] = {0, 0, 1, 1, 0, 0, 1, 1};
+constexpr int kColByte[8] = {0, 2, 0, 2, 1, 3, 1, 3};
+
+// Tables of group g for the line's pairs: tab[(4w + b) * 16 ...] = 32 values (0..15, 16..31) of
+// two columns of word w: fp16 the low and high nibble of byte b (kLaneCol[0][b], kLaneCol[1][b]);
+// bf16 columns 2b and 2b + 1 (nibble b of the word's low and high 16-bit unit: lut_rows).
 // Scales and (-z) * s come from load_params (lane order: word w, byte b, half h of a 64-column
 // block is lane 16 (2 (w / 4) + h) + 4 (w % 4) + b), so the values are those of the other paths.
 template <Dtype D>
@@ -126,7 +135,9 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
       for (int b = 0; b < 4; ++b) {
         __m512 e[2];
         for (int h = 0; h < 2; ++h) {
-          const int lane = 16 * (2 * (w / 4) + h) + 4 * (w % 4) + b;
+          // fp16: the byte's low / high nibble, columns kLaneCol[h][b]; bf16: column 2b + h
+          const int col = D == Dtype::kBFloat16 ? 2 * b + h : kLaneCol[h][b];
+          const int lane = 16 * (2 * (w / 4) + kColHalf[col]) + 4 * (w % 4) + kColByte[col];
           e[h] = _mm512_fmadd_ps(v, _mm512_set1_ps(p.s[lane]), _mm512_set1_ps(p.zs[lane]));
         }
         __m512i t;
@@ -142,56 +153,105 @@ W4K_AWQ_AVX512 void lut_tables(const Problem& pb, int64_t g, int64_t n0, int64_t
   }
 }
 
-// Rows [m0, m0 + MR) x word w of one line, over the strip's tiles: lane sums in `lane`
-// ([m - m_begin][pair][kLaneFloats]) are loaded, advanced and stored back.
-// bf16: 2 pairs per pass (2 MR accumulators); fp16: 1 pair per pass (halves lo/hi: 2 MR), the
-// looked-up halves widened (vcvtph2ps) and multiplied by fp32 activations xf; lane j of a
-// column takes row 16t + j by fma, and the 16 lane sums are added in lane order.
-template <Dtype D, int MR>
-W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
-                             int64_t w, int64_t k0, int64_t tiles, const float* tab,
-                             const float* tbuf, float* lane, const __m512i bsel[4]) {
-  // Pairs per pass: as many as keep 16 accumulators (bf16: one per pair, fp16: two).
-  constexpr int kPairs = D == Dtype::kBFloat16 ? (MR <= 4 ? 4 : 2) : (MR <= 4 ? 2 : 1);
-  constexpr int kAcc = D == Dtype::kBFloat16 ? kPairs : 2 * kPairs;
-  const __m512i low4 = _mm512_set1_epi16(15);
-  const __m512i upper = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(16), 1);
+// fp16 (D == kHalf) variant of lut_rows (same arguments): the pair's fp16 table is widened
+// once per pass into two 16-entry fp32 tables (lo, hi column; exact), and each nibble position
+// of the transposed word indexes one of them directly with vpermps, which reads only bits 0..3
+// of each dword: nibble 2b of row i is (tw >> 8b) in lane i, nibble 2b + 1 is
+// (tw >> (8b + 4)). Per 16 weights a shift (none for nibble 0) and a vpermps, where the 16-bit
+// lookup took a vpermt2b, a vpternlogd, a vpermw and two vcvtph2ps per 32. Same products and the
+// same fma chain per lane (lane j of a column takes row 16t + j) as before, so the bits do not
+// change.
+template <int MR>
+W4K_AWQ_AVX512 void lut_rows_fp16(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
+                                  int64_t w, int64_t k0, int64_t tiles, const float* tab,
+                                  const float* tbuf, float* lane) {
+  // Pairs per pass: 8 accumulators + 8 tables at MR <= 2, 4 pairs' worth of registers above.
+  constexpr int kPairs = MR <= 2 ? 4 : (MR <= 4 ? 2 : 1);
   for (int b0 = 0; b0 < 4; b0 += kPairs) {
-    __m512 c[MR][kAcc];  // bf16: [m][pair b0 + j]; fp16: [m][2 (pair - b0) + half]
+    __m512 c[MR][2 * kPairs];  // [m][2 (pair - b0) + half]
     auto at = [&](int m, int j) {
-      return D == Dtype::kBFloat16 ? lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16
-                                   : lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
+      return lane + ((m_rel + m) * 64 + 4 * w + b0 + j / 2) * 32 + 16 * (j % 2);
     };
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < kAcc; ++j) c[m][j] = _mm512_load_ps(at(m, j));
-    __m512i tb[kPairs];
-    for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+      for (int j = 0; j < 2 * kPairs; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+    __m512 tf[2 * kPairs];
+    for (int j = 0; j < kPairs; ++j) {
+      const __m512i t16 = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+      tf[2 * j] = _mm512_cvtph_ps(_mm512_castsi512_si256(t16));
+      tf[2 * j + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t16, 1));
+    }
     for (int64_t t = 0; t < tiles; ++t) {
       const __m512i tw = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
-      const __m512i tw4 = _mm512_srli_epi32(tw, 4);
-      for (int j = 0; j < kPairs; ++j) {
-        const __m512i idx = _mm512_ternarylogic_epi32(
-            _mm512_permutex2var_epi8(tw, bsel[b0 + j], tw4), low4, upper, 0xEA);
-        const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
-        if constexpr (D == Dtype::kBFloat16) {
-          for (int m = 0; m < MR; ++m) {
-            const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_broadcast_i64x4(_mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(pb.x + (m0 + m) * pb.ldx + k0 + 16 * t))));
-            c[m][j] = _mm512_dpbf16_ps(c[m][j], xv, reinterpret_cast<__m512bh>(wv));
-          }
-        } else {
-          const __m512 wlo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
-          const __m512 whi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
-          for (int m = 0; m < MR; ++m) {
-            const __m512 xv = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
-            c[m][2 * j] = _mm512_fmadd_ps(xv, wlo, c[m][2 * j]);
-            c[m][2 * j + 1] = _mm512_fmadd_ps(xv, whi, c[m][2 * j + 1]);
-          }
-        }
+      __m512 xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = _mm512_loadu_ps(xf + (m0 + m) * pb.size_k + k0 + 16 * t);
+      for (int j = 0; j < 2 * kPairs; ++j) {
+        const int nibble = 2 * b0 + j;  // pair b0 + j / 2, half j % 2
+        const __m512i idx = nibble == 0 ? tw : _mm512_srli_epi32(tw, 4 * nibble);
+        const __m512 wv = _mm512_permutexvar_ps(idx, tf[j]);
+        for (int m = 0; m < MR; ++m) c[m][j] = _mm512_fmadd_ps(xv[m], wv, c[m][j]);
       }
     }
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < kAcc; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+      for (int j = 0; j < 2 * kPairs; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+  }
+}
+
+// Rows [m0, m0 + MR) x word w of one line, over the strip's tiles: lane sums in `lane`
+// ([m - m_begin][pair][kLaneFloats]) are loaded, advanced and stored back.
+// bf16: one vpshufb per transposed word pairs rows (2p, 2p + 1) within each 16-bit unit of the
+// word: dword 4a + d of v holds unit d % 2 (columns 2e + d % 2 at nibble e, e = 0..3) of rows
+// 2p and 2p + 1, p = 2a + d / 2. Per nibble e (pair e: columns 2e, 2e + 1): a 16-bit shift (none
+// for e = 0) and one vpternlogd make the indices (code | 16 for the odd column), one vpermw
+// looks up the bf16 weights, one vdpbf16ps per row of x (x pairs permuted to match, once per
+// tile). Lane 4a + d of pair e's accumulator thus holds the chain of column 2e + d % 2 over row
+// pairs p = 2a + d / 2 of every tile: the same 8 chains per column as before (chunk_lut adds
+// them in p order). fp16: lut_rows_fp16.
+template <Dtype D, int MR>
+W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
+                             int64_t w, int64_t k0, int64_t tiles, const float* tab,
+                             const float* tbuf, float* lane) {
+  if constexpr (D == Dtype::kHalf) {
+    lut_rows_fp16<MR>(pb, xf, m0, m_rel, w, k0, tiles, tab, tbuf, lane);
+  } else {
+    (void)xf;
+    // Pairs per pass: as many as keep 16 accumulators (one per pair).
+    constexpr int kPairs = MR <= 4 ? 4 : 2;
+    const __m512i unit_pairs = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    const __m512i low4 = _mm512_set1_epi16(15);
+    // odd dwords (unit 1: the pair's second column) index entries 16..31
+    const __m512i unit_bit = _mm512_setr_epi32(0, 0x100010, 0, 0x100010, 0, 0x100010, 0,
+                                               0x100010, 0, 0x100010, 0, 0x100010, 0, 0x100010,
+                                               0, 0x100010);
+    const __m512i x_idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int b0 = 0; b0 < 4; b0 += kPairs) {
+      __m512 c[MR][kPairs];  // [m][pair b0 + j]
+      auto at = [&](int m, int j) { return lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16; };
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < kPairs; ++j) c[m][j] = _mm512_load_ps(at(m, j));
+      __m512i tb[kPairs];
+      for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const __m512i v =
+            _mm512_shuffle_epi8(_mm512_load_si512(tbuf + (t * 16 + w) * 16), unit_pairs);
+        __m512bh xv[MR];
+        for (int m = 0; m < MR; ++m)
+          xv[m] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi32(
+              x_idx, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                         pb.x + (m0 + m) * pb.ldx + k0 + 16 * t)))));
+        for (int j = 0; j < kPairs; ++j) {
+          const int e = b0 + j;
+          const __m512i sh = e == 0 ? v : _mm512_srli_epi16(v, 4 * e);
+          // (sh & low4) | unit_bit: imm 0xea = (A & B) | C
+          const __m512i idx = _mm512_ternarylogic_epi32(sh, low4, unit_bit, 0xEA);
+          const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
+          for (int m = 0; m < MR; ++m)
+            c[m][j] = _mm512_dpbf16_ps(c[m][j], xv[m], reinterpret_cast<__m512bh>(wv));
+        }
+      }
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < kPairs; ++j) _mm512_store_ps(at(m, j), c[m][j]);
+    }
   }
 }
 
@@ -207,14 +267,6 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
   float* tabs = lanes + lines * 64 * kLaneFloats * rows;  // [line][64 pairs][16 dwords]
   float* tbuf = tabs + lines * 64 * 16;                   // [tile][16 words][16 rows]
   std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * rows);
-  alignas(64) int8_t bidx[4][64];
-  for (int b = 0; b < 4; ++b)
-    for (int r = 0; r < 32; ++r) {
-      bidx[b][2 * r] = static_cast<int8_t>(r < 16 ? 4 * r + b : 64 + 4 * (r - 16) + b);
-      bidx[b][2 * r + 1] = 0;
-    }
-  __m512i bsel[4];
-  for (int b = 0; b < 4; ++b) bsel[b] = _mm512_load_si512(bidx[b]);
   for (int64_t g = 0; g < pb.groups; ++g) {
     for (int64_t l = 0; l < lines; ++l)
       lut_tables<D>(pb, g, n0 + 128 * l, std::min(kLutLineWords, words_all - 16 * l),
@@ -244,15 +296,15 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         for (int64_t w = 0; w < words; ++w) {
           int64_t m = m_begin;
           for (; m + 8 <= m_end; m += 8)
-            lut_rows<D, 8>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel);
+            lut_rows<D, 8>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);
           switch (m_end - m) {
-            case 7: lut_rows<D, 7>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 6: lut_rows<D, 6>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 5: lut_rows<D, 5>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 4: lut_rows<D, 4>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 3: lut_rows<D, 3>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 2: lut_rows<D, 2>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
-            case 1: lut_rows<D, 1>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane, bsel); break;
+            case 7: lut_rows<D, 7>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 6: lut_rows<D, 6>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 5: lut_rows<D, 5>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 4: lut_rows<D, 4>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 3: lut_rows<D, 3>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 2: lut_rows<D, 2>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 1: lut_rows<D, 1>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
             default: break;
           }
         }
@@ -266,10 +318,21 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
       for (int64_t w = 0; w < words; ++w)
         for (int b = 0; b < 4; ++b)
           for (int h = 0; h < 2; ++h) {
-            const float* a = lanes + ((l * rows + m) * 64 + 4 * w + b) * kLaneFloats + kLanes * h;
-            float acc = a[0];
-            for (int j = 1; j < kLanes; ++j) acc += a[j];
-            pb.out[(m_begin + m) * pb.size_n + n0 + 128 * l + 8 * w + kLaneCol[h][b]] = round_to<D>(acc);
+            const float* a = lanes + ((l * rows + m) * 64 + 4 * w + b) * kLaneFloats;
+            float acc;
+            int col;
+            if constexpr (D == Dtype::kBFloat16) {
+              // chain p of column 2b + h sits in lane 4 (p / 2) + 2 (p % 2) + h
+              acc = a[h];
+              for (int p = 1; p < kLanes; ++p) acc += a[4 * (p / 2) + 2 * (p % 2) + h];
+              col = 2 * b + h;
+            } else {
+              a += kLanes * h;
+              acc = a[0];
+              for (int j = 1; j < kLanes; ++j) acc += a[j];
+              col = kLaneCol[h][b];
+            }
+            pb.out[(m_begin + m) * pb.size_n + n0 + 128 * l + 8 * w + col] = round_to<D>(acc);
           }
   }
 }

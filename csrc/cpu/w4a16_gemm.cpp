@@ -12,6 +12,7 @@
 #include "cpu/w4a16_gemm_convert.h"
 #include "cpu/w4a16_gemm_dequant.h"
 #include "cpu/w4a16_gemm_kernel.h"
+#include "cpu/w4a16_gemm_decode_split.h"
 #include "cpu/w4a16_gemm_work_queue.h"
 #include "w4a16_checks.h"
 
@@ -190,12 +191,16 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const int64_t chunks_per_item = std::max<int64_t>(1, num_chunks / (8 * threads));
   const int64_t items_per_row_block = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   const int64_t num_items = items_per_row_block * row_blocks;
-  cpu::WorkQueue::instance().run(num_items, static_cast<int>(threads), [&](int64_t item) {
-    const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
-    const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
-    const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
-    if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
-  });
+  // M <= 4 on the decode path: items of whole k-tile rows instead (cpu/w4a16_gemm_decode_split.h).
+  if (cpu::w4a16_gemm_decode_split_applies(p, isa))
+    cpu::w4a16_gemm_decode_split(p, static_cast<int>(threads));
+  else
+    cpu::WorkQueue::instance().run(num_items, static_cast<int>(threads), [&](int64_t item) {
+      const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
+      const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
+      const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
+      if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
+    });
   // One rounding of the fp32 result (bias included) to a's dtype.
   cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);

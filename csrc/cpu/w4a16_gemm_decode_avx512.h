@@ -36,56 +36,63 @@ namespace w4k::cpu {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The lookup tables of one chunk and group: tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of
-// (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the epilogue).
-// Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position 8(n % 8) +
-// n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble 4*b2 + j,
-// so one line's 8 weights columns come from 8 contiguous scales and one word. The rounding is
-// vcvtneps2bf16 (round to nearest even; a subnormal result is flushed to zero, as vdpbf16ps
-// would flush it when multiplying); fp16 tables (kFp16) round with vcvtps2ph (nearest even,
-// subnormals kept, as round_to_fp16). s_row: scale bits of the half type, nullptr per channel;
-// z_words: nullptr -> z = 8.
+// The lookup tables of one chunk and group: tbl[(2c + b2) * 64 + 16j + q] = bits of the half
+// type of (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the
+// epilogue). Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position
+// 8(n % 8) + n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble
+// 4*b2 + j. The rounding is vcvtneps2bf16 (round to nearest even; a subnormal result is
+// flushed to zero, as vdpbf16ps would flush it when multiplying); fp16 tables (kFp16) round
+// with vcvtps2ph (nearest even, subnormals kept, as round_to_fp16). s_row: scale bits of the
+// half type, nullptr per channel; z_words: nullptr -> z = 8.
+// Cost: this runs once per chunk and group (1024 entries for 64 x group_size weights), so at
+// group 128 it is one entry per 8 weights: the per-column s and z * s are formed for all 64
+// columns at once (in table order), then each 16 entries are one fma from broadcasts.
 template <bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
-  // lane l of vector r: code q = 4r + l / 4, column j = l % 4
-  const __m512i code_base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i j_of_lane = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
-  __m512 code[4];
-  for (int r = 0; r < 4; ++r)
-    code[r] = _mm512_cvtepi32_ps(_mm512_add_epi32(code_base, _mm512_set1_epi32(4 * r)));
-  for (int c = 0; c < 8; ++c) {
-    __m256 s8 = _mm256_set1_ps(1.0f);
+  // Table-order index i = (2c + b2) * 4 + j (c = i / 8, b2 = (i / 4) % 2, j = i % 4): the scale
+  // sits at s_row[8c + 2j + b2], i.e. within the same 16 as i, at 8 (i' / 8) + 2 (i' % 4) +
+  // (i' / 4) % 2 (i' = i % 16); the zero point is nibble i % 8 of word i / 8.
+  const __m512i s_perm = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m512i z_word = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i z_shift = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20,
+                                            24, 28);
+  alignas(64) float s_tab[64], zs_tab[64];
+  const __m256i zw = z_words ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z_words))
+                             : _mm256_set1_epi32(static_cast<int>(0x88888888u));
+  const __m512i zw512 = _mm512_castsi256_si512(zw);
+  for (int o = 0; o < 4; ++o) {
+    __m512 sv = _mm512_set1_ps(1.0f);
     if (s_row) {  // bf16 -> fp32: the bits in the high half
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
-      s8 = kFp16 ? _mm256_cvtph_ps(h)
-                 : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-      s8 = _mm256_permutevar8x32_ps(s8, even);
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s_row + 16 * o));
+      sv = kFp16 ? _mm512_cvtph_ps(h)
+                 : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      sv = _mm512_permutexvar_ps(s_perm, sv);
     }
-    const uint32_t zw = z_words ? static_cast<uint32_t>(z_words[c]) : 0x88888888u;
-    for (int b2 = 0; b2 < 2; ++b2) {
-      const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
-                                                 : _mm256_castps256_ps128(s8));
-      const __m512i z_shift = _mm512_slli_epi32(
-          _mm512_add_epi32(j_of_lane, _mm512_set1_epi32(4 * b2)), 2);
-      const __m512 z = _mm512_cvtepi32_ps(_mm512_and_si512(
-          _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(zw)), z_shift),
-          _mm512_set1_epi32(15)));
-      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
-      // times an 8- or 11-bit significand) and so is their difference (a 5-bit integer times
-      // s), so the fma's one rounding changes nothing.
-      const __m512 zs = _mm512_mul_ps(z, s);
-      __m256i half[4];
-      for (int r = 0; r < 4; ++r) {
-        const __m512 w = _mm512_fmsub_ps(code[r], s, zs);
-        half[r] = kFp16 ? _mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-                        : (__m256i)_mm512_cvtneps_pbh(w);
-      }
-      uint16_t* t = tbl + (2 * c + b2) * 64;
-      _mm512_storeu_si512(t, _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1));
-      _mm512_storeu_si512(t + 32,
-                          _mm512_inserti64x4(_mm512_castsi256_si512(half[2]), half[3], 1));
+    const __m512i words =
+        _mm512_permutexvar_epi32(_mm512_add_epi32(z_word, _mm512_set1_epi32(2 * o)), zw512);
+    const __m512 z = _mm512_cvtepi32_ps(
+        _mm512_and_si512(_mm512_srlv_epi32(words, z_shift), _mm512_set1_epi32(15)));
+    _mm512_store_ps(s_tab + 16 * o, sv);
+    _mm512_store_ps(zs_tab + 16 * o, _mm512_mul_ps(z, sv));
+  }
+  const __m512 code = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int cb = 0; cb < 16; ++cb) {  // cb = 2c + b2
+    // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
+    // times an 8- or 11-bit significand) and so is their difference (a 5-bit integer times
+    // s), so the fma's one rounding changes nothing.
+    __m512 w[4];
+    for (int j = 0; j < 4; ++j)
+      w[j] = _mm512_fmsub_ps(code, _mm512_set1_ps(s_tab[4 * cb + j]),
+                             _mm512_set1_ps(zs_tab[4 * cb + j]));
+    uint16_t* t = tbl + cb * 64;
+    if constexpr (kFp16) {
+      constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      for (int j = 0; j < 4; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * j), _mm512_cvtps_ph(w[j], kRne));
+    } else {  // vcvtne2ps2bf16(a, b): b's 16 values in the low half, a's in the high half
+      _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
+      _mm512_storeu_si512(t + 32, (__m512i)_mm512_cvtne2ps_pbh(w[3], w[2]));
     }
   }
 }
@@ -147,11 +154,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
     for (int cb = 0; cb < 2 * NCP; ++cb)
       for (int u = 0; u < kU; ++u)
         acc_v[i][cb][u] = _mm512_loadu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u);
-  // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
-  const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
-  const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
-                                             0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
-                                             0x20002, 0x30003);
+  // Table index 16j + q: the code in bits 0..3 of each 16-bit half, j in bits 4..5
+  // (vpermt2w reads bits 0..5 only).
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
+                                             0x200020, 0x300030, 0, 0x100010, 0x200020,
+                                             0x300030, 0, 0x100010, 0x200020, 0x300030);
   __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP];
   int64_t g_loaded = -1;
   for (int64_t kt = kt0; kt < kt1; ++kt) {
@@ -176,7 +184,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
 #pragma GCC unroll 4
       for (int e = 0; e < 4; ++e) {
-        const __m512i shifted = e == 0 ? _mm512_slli_epi16(w, 2) : _mm512_srli_epi16(w, 4 * e - 2);
+        const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
         // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
         const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
         const int cb = 2 * cc + (e >> 1);
@@ -253,18 +261,22 @@ struct PairScratch {
   std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
 };
 
-// Chunks [ch0, ch1) x rows [m0, m0 + rows) through the decode path (bf16: vdpbf16ps; fp16
-// (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order: blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as
-// one contiguous run of (ch1 - ch0) * 512 bytes and the pages in use stay few. tile_group[kt]:
+// Chunks [ch0, ch1) x rows [m0, m0 + rows) x k-tiles [kt_begin, kt_end) through the decode path
+// (bf16: vdpbf16ps; fp16 (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order:
+// blocks of 16 k-tiles outer, chunks inner, so that each k-tile row is read as one contiguous
+// run of (ch1 - ch0) * 512 bytes and the pages in use stay few; a chunk's tables are built right
+// before its tiles are decoded (they are then in L1). part == nullptr: the epilogue's results
+// go to p.c (kt range: all of K); else the raw fp32 sums over the k-tile range go to
+// part[i * p.size_n + n] (row m0 + i, column n), for the caller to add up. tile_group[kt]:
 // the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
 // those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
 // chunk's `extra` sums (wbuf column order), as on the lookup-table path.
 template <bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
-    const int32_t* tile_group, bool any_mixed_tile, PairScratch& s) {
-  constexpr int64_t kTilesPerBlock = 16;  // 256 rows of K: 8 KiB of each chunk's words
-  const int64_t num_tiles = p.size_k / 16;
+    const int32_t* tile_group, bool any_mixed_tile, PairScratch& s, int64_t kt_begin,
+    int64_t kt_end, float* part, int64_t tiles_per_block = 16) {
+  const int64_t kTilesPerBlock = tiles_per_block;
   const int64_t word_stride = 2 * p.size_n;
   const int64_t num_chunks = ch1 - ch0;
   constexpr int64_t kAccRow = kFp16 ? 512 : 256;
@@ -284,26 +296,25 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
   }
   float wtile[16 * 64];
   int64_t built_first = -1, built_last = -1, groups_per_block = 0;
-  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTilesPerBlock) {
-    const int64_t kt1 = std::min(num_tiles, kt0 + kTilesPerBlock);
+  for (int64_t kt0 = kt_begin; kt0 < kt_end; kt0 += kTilesPerBlock) {
+    const int64_t kt1 = std::min(kt_end, kt0 + kTilesPerBlock);
     int64_t g_first = INT64_MAX, g_last = -1;
     for (int64_t kt = kt0; kt < kt1; ++kt) {
       if (tile_group[kt] < 0) continue;
       g_first = std::min<int64_t>(g_first, tile_group[kt]);
       g_last = std::max<int64_t>(g_last, tile_group[kt]);
     }
-    if (g_last >= 0 && (g_first != built_first || g_last != built_last)) {
+    const bool build_tables = g_last >= 0 && (g_first != built_first || g_last != built_last);
+    if (build_tables) {
       groups_per_block = g_last - g_first + 1;
       s.tbl.resize(num_chunks * groups_per_block * 1024);
-      for (int64_t ch = ch0; ch < ch1; ++ch)
-        for (int64_t g = g_first; g <= g_last; ++g)
-          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                                  p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-                                  s.tbl.data() + ((ch - ch0) * groups_per_block + g - g_first) * 1024);
       built_first = g_first;
       built_last = g_last;
     }
-    const int64_t prefetch = std::min(kTilesPerBlock, num_tiles - kt1);
+    // The next block, past kt_end too: the K-sliced split's next slice of these columns follows
+    // in memory and is usually the next item one of the threads runs (A/B, 2 threads, M = 1:
+    // equal or faster than stopping at kt_end).
+    const int64_t prefetch = std::min(kTilesPerBlock, p.size_k / 16 - kt1);
     constexpr int64_t kRb = kPairRowBlock<kFp16>;
     s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
@@ -330,7 +341,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         }
       }
       if (g_last < 0) continue;  // every tile of the block was mixed
-      const uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      if (build_tables)
+        for (int64_t g = g_first; g <= g_last; ++g)
+          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                                         p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+                                         tbl + (g - g_first) * 1024);
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
         pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
@@ -365,8 +381,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         }
         for (int j = 0; j < 4; ++j) {
           const int col = 16 * j + cb / 2 + 8 * (cb % 2);
-          c_row[col] = epilogue(col_sum[j] + extra[i * 64 + tb.xcol[col]], chan_scale, col,
-                                bias ? bias[col] : 0.0f);
+          const float sum = col_sum[j] + extra[i * 64 + tb.xcol[col]];
+          if (part)
+            part[i * p.size_n + 64 * ch + col] = sum;
+          else
+            c_row[col] = epilogue(sum, chan_scale, col, bias ? bias[col] : 0.0f);
         }
       }
     }

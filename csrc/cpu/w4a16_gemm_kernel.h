@@ -174,10 +174,10 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     PairScratch scratch;
     if (fp16)
       pair_chunks_avx512<true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
-                               any_mixed_tile, scratch);
+                               any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
     else
       pair_chunks_avx512<false>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
-                                any_mixed_tile, scratch);
+                                any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
     return 0;
   }
 #endif

@@ -1,0 +1,142 @@
+// Work split of the CPU w4a16_gemm decode path at M <= 4 (torch-free): the weight streamed as
+// few long contiguous runs per thread.
+//
+// Why: at M <= 4 the op is a stream of the int4 weight, and the Marlin layout stores k-tile row
+// kt as 8 * size_n contiguous bytes ([size_k / 16, 2 * size_n] int32). Splitting the columns
+// (the path's split at larger M) gives each work item runs of 512 bytes per chunk of every
+// k-tile row, rows 8 * size_n bytes apart, and the two threads interleave within every row.
+// Here an item is a slice of whole k-tile rows (kDecodeSliceTiles of them: one contiguous range
+// of the weight), split by columns only when there are too few slices to keep the threads busy.
+// Measured (A/B alternating in one process, 2 threads, M = 1, bf16, machine shared at load 3-4):
+// 8-15% faster than the column split on 4096x4096, 9% on 11008x4096, 18% on 4096x11008.
+//
+// Numerics: each slice sums its rows in fp32 exactly as the decode path sums all of K
+// (pair_chunks_avx512), the raw sums of the slices are then added in slice order and the
+// epilogue applied once: the contract up to fp32 summation order. The slices are fixed by K
+// alone, so 1 and 2 threads give the same bits.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/w4a16_gemm_decode_avx512.h"
+#include "cpu/w4a16_gemm_kernel.h"
+#include "cpu/w4a16_gemm_work_queue.h"
+
+namespace w4k::cpu {
+
+// k-tiles per slice: 1024 rows of K (8 * size_n * 64 bytes of the weight: 2 MiB at N = 4096).
+constexpr int64_t kDecodeSliceTiles = 64;
+// k-tiles per block within a slice (pair_chunks_avx512's tiles_per_block): 8 rows of the whole
+// weight row range, 256 KiB at N = 4096 (the next block is prefetched into L2 meanwhile).
+// Measured (A/B alternating in one process, 2 threads, machine shared, load 3-4): blocks of 8
+// were the fastest of 4 / 8 / 16 on 4096x4096, 11008x4096 and 4096x11008 (by 8-25%; 16, the
+// column split's value, thrashes L2 with the prefetched block and the tables of every chunk).
+constexpr int64_t kDecodeSplitBlockTiles = 8;
+// Rows of a up to which the split applies (above, the column split of w4a16_gemm_cpu_chunks).
+constexpr int64_t kDecodeSplitMaxRows = 4;
+
+// Whether the K-sliced decode path runs: the decode path's own conditions (w4a16_gemm_cpu_chunks)
+// at M <= 4. W4K_W4A16_KSPLIT=0 turns it off (tests compare it with the column split).
+inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa isa) {
+#ifdef W4K_HAVE_AVX512_PATH
+  const char* env = std::getenv("W4K_W4A16_KSPLIT");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const bool dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && p.a_bf16 != nullptr;
+  return (dpbf16 || (is_avx512(isa) && fp16)) &&
+         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows,
+                                       w4a16_gemm_pair_max_rows(fp16 ? 4 : 16));
+#else
+  (void)p;
+  (void)isa;
+  return false;
+#endif
+}
+
+// c = epilogue(a @ w) for all of p (M <= kDecodeSplitMaxRows), on `threads` threads of the work
+// queue. Call only where w4a16_gemm_decode_split_applies.
+inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
+#ifdef W4K_HAVE_AVX512_PATH
+  const int64_t num_tiles = p.size_k / 16, num_chunks = p.size_n / 64;
+  const int64_t slices = (num_tiles + kDecodeSliceTiles - 1) / kDecodeSliceTiles;
+  // Column parts of >= 8 chunks (4 KiB runs of a k-tile row), as many as it takes to give every
+  // thread a few items (the queue balances them) and to keep an item's lane sums
+  // (pair_chunks_avx512: rows * (256 + 64) floats per chunk for bf16, rows * (512 + 64) for
+  // fp16, read and written in every k-block) within ~128 KiB of L2. No bits depend on the parts.
+  // (Measured at M = 4, 11008 x 4096, load 3-4: the same time with and without this bound,
+  // 0.94-1.04x the column split; 4096 x 4096 and 4096 x 11008: 0.90-0.92x.)
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const int64_t acc_bytes_per_chunk = p.size_m * ((fp16 ? 512 : 256) + 64) * 4;
+  const int64_t max_chunks = std::max<int64_t>(8, (128 << 10) / acc_bytes_per_chunk);
+  int64_t parts = (num_chunks + max_chunks - 1) / max_chunks;
+  while (slices * parts < 4 * threads && num_chunks / (2 * parts) >= 8) parts *= 2;
+  const int64_t chunks_per_part = (num_chunks + parts - 1) / parts;
+  // Group of every k-tile, -1 where its rows span groups (as in w4a16_gemm_cpu_chunks).
+  thread_local std::vector<int32_t> tile_group;
+  tile_group.resize(num_tiles);
+  bool any_mixed_tile = false;
+  for (int64_t kt = 0; kt < num_tiles; ++kt) {
+    if (p.g_idx == nullptr) {
+      tile_group[kt] = static_cast<int32_t>(16 * kt / p.group_size);
+    } else {
+      const int32_t* g = p.g_idx + 16 * kt;
+      tile_group[kt] = std::all_of(g, g + 16, [&](int32_t x) { return x == g[0]; }) ? g[0] : -1;
+      any_mixed_tile |= tile_group[kt] < 0;
+    }
+  }
+  // Raw sums [slice][row][column], kept per calling thread: a fresh buffer per call would be
+  // new pages (first-touch faults) whenever it is large.
+  thread_local std::vector<float> part_sums;
+  const int64_t slice_floats = p.size_m * p.size_n;
+  if (static_cast<int64_t>(part_sums.size()) < slices * slice_floats)
+    part_sums.resize(slices * slice_floats);
+  float* part = part_sums.data();
+  const int32_t* tg = tile_group.data();
+  WorkQueue::instance().run(slices * parts, threads, [&](int64_t item) {
+    thread_local PairScratch scratch;
+    const int64_t sl = item / parts, pa = item % parts;
+    const int64_t ch0 = pa * chunks_per_part, ch1 = std::min(num_chunks, ch0 + chunks_per_part);
+    if (ch0 >= ch1) return;
+    const int64_t kt0 = sl * kDecodeSliceTiles, kt1 = std::min(num_tiles, kt0 + kDecodeSliceTiles);
+    float* out = part + sl * slice_floats;
+    if (fp16)
+      pair_chunks_avx512<true>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch, kt0, kt1,
+                               out, kDecodeSplitBlockTiles);
+    else
+      pair_chunks_avx512<false>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch, kt0, kt1,
+                                out, kDecodeSplitBlockTiles);
+  });
+  // The slices added in slice order, then the epilogue (per channel: the scale of the fp32 sum).
+  constexpr int64_t kChunksPerItem = 8;
+  const bool per_channel = p.num_groups == 1;
+  WorkQueue::instance().run((num_chunks + kChunksPerItem - 1) / kChunksPerItem, threads,
+                            [&](int64_t item) {
+    const int64_t ch1 = std::min(num_chunks, (item + 1) * kChunksPerItem);
+    for (int64_t ch = item * kChunksPerItem; ch < ch1; ++ch) {
+      float chan_scale[64], sc[64];
+      if (per_channel) decode_chunk_groups(p, ch, sc, nullptr, chan_scale);
+      for (int64_t i = 0; i < p.size_m; ++i) {
+        float sum[64];
+        const float* s0 = part + i * p.size_n + 64 * ch;
+        std::memcpy(sum, s0, sizeof(sum));
+        for (int64_t sl = 1; sl < slices; ++sl)
+          for (int x = 0; x < 64; ++x) sum[x] += s0[sl * slice_floats + x];
+        float* c_row = p.c + i * p.size_n + 64 * ch;
+        const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+        for (int x = 0; x < 64; ++x)
+          c_row[x] = epilogue(sum[x], per_channel ? chan_scale : nullptr, x, bias ? bias[x] : 0.0f);
+      }
+    }
+  });
+#else
+  (void)p;
+  (void)threads;
+#endif
+}
+
+}  // namespace w4k::cpu
