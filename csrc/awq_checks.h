@@ -42,10 +42,11 @@ inline void check_awq_dequantize_args(const at::Tensor& qweight, const at::Tenso
   check_awq_weight_args("awq_dequantize", qweight, scales, qzeros, device);
 }
 
-inline void check_awq_gemm_args(const at::Tensor& x, const at::Tensor& qweight,
-                                const at::Tensor& scales, const at::Tensor& qzeros,
-                                int64_t split_k_iters, c10::DeviceType device) {
-  const char* op = "awq_gemm";
+// The activation x [M, K] (unit stride along K, the dtype of scales) and the AutoAWQ weight
+// tensors of a GEMM op (awq_gemm, awq_gemm_a8).
+inline void check_awq_x_and_weight_args(const char* op, const at::Tensor& x,
+                                        const at::Tensor& qweight, const at::Tensor& scales,
+                                        const at::Tensor& qzeros, c10::DeviceType device) {
   check_awq_weight_args(op, qweight, scales, qzeros, device);
   check_same_device(op, "x", x, "qweight", qweight);
   TORCH_CHECK(x.scalar_type() == scales.scalar_type(), op,
@@ -56,6 +57,13 @@ inline void check_awq_gemm_args(const at::Tensor& x, const at::Tensor& qweight,
               qweight.sym_size(0), " columns, got shape ", x.sym_sizes());
   TORCH_CHECK(x.sym_stride(1) == 1, op, ": x must have unit stride along K, got strides ",
               x.sym_strides());
+}
+
+inline void check_awq_gemm_args(const at::Tensor& x, const at::Tensor& qweight,
+                                const at::Tensor& scales, const at::Tensor& qzeros,
+                                int64_t split_k_iters, c10::DeviceType device) {
+  const char* op = "awq_gemm";
+  check_awq_x_and_weight_args(op, x, qweight, scales, qzeros, device);
   TORCH_CHECK(split_k_iters >= 1 && split_k_iters <= 32, op,
               ": split_k_iters must lie in [1, 32], got ", split_k_iters);
 }

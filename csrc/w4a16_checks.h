@@ -35,17 +35,12 @@ inline void check_int32_operand(const char* op, const char* name, const at::Tens
   check_contiguous(op, name, t);
 }
 
-// Conventions (vLLM): None and empty tensors both mean "absent" for b_zeros, g_idx, perm and
-// b_bias. `a` may have a row stride larger than K (it must be unit-stride along K); every other
-// tensor must be contiguous. size_m == 0 is legal (empty result); size_k, size_n must be > 0.
-inline W4a16GemmArgs check_w4a16_gemm_args(
-    const at::Tensor& a, const at::Tensor& b_q_weight, const at::Tensor& b_scales,
-    const std::optional<at::Tensor>& b_zeros, const std::optional<at::Tensor>& g_idx,
-    const std::optional<at::Tensor>& perm, const at::Tensor& workspace, int64_t num_bits,
-    const c10::SymInt& size_m, int64_t size_n, int64_t size_k, bool is_k_full,
-    const std::optional<at::Tensor>& b_bias, c10::DeviceType device) {
-  const char* op = "w4a16_gemm";
-  W4a16GemmArgs args{};
+// Sizes, a [M, K] (unit stride along K, fp16/bf16), b_q_weight (Marlin int32 [K/16, 2N]) and
+// b_scales ([G, N], a's dtype) of a Marlin-format GEMM op (w4a16_gemm, w4a8_gemm).
+inline void check_marlin_gemm_operands(const char* op, const at::Tensor& a,
+                                       const at::Tensor& b_q_weight, const at::Tensor& b_scales,
+                                       int64_t num_bits, const c10::SymInt& size_m,
+                                       int64_t size_n, int64_t size_k, c10::DeviceType device) {
   check_marlin_sizes(op, size_k, size_n, num_bits);
   TORCH_CHECK(size_m >= 0, op, ": size_m must be non-negative, got ", size_m);
   check_dim_bound(op, "size_m", size_m);
@@ -74,17 +69,53 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
               ": b_scales must have shape [num_groups >= 1, size_n = ", size_n, "], got ",
               b_scales.sym_sizes());
   check_contiguous(op, "b_scales", b_scales);
+}
+
+// Optional Marlin zero points b_zeros int32 [G, N/8] (G = b_scales.size(0)); returns whether given.
+inline bool check_marlin_zeros(const char* op, const std::optional<at::Tensor>& b_zeros,
+                               const at::Tensor& b_scales, int64_t num_groups, int64_t size_n,
+                               c10::DeviceType device, const at::Tensor& a) {
+  if (!has_values(b_zeros)) return false;
+  // One group count for both: when they disagree, name both shapes instead of blaming b_zeros.
+  TORCH_CHECK(b_zeros->dim() != 2 || b_zeros->sym_size(0) == num_groups, op,
+              ": b_scales and b_zeros must have the same number of groups (size(0)), got "
+              "b_scales ", b_scales.sym_sizes(), " and b_zeros ", b_zeros->sym_sizes());
+  check_int32_operand(op, "b_zeros", *b_zeros, device, a, {num_groups, size_n / 8});
+  return true;
+}
+
+// Optional bias b_bias [N] in a's dtype; returns whether given.
+inline bool check_marlin_bias(const char* op, const std::optional<at::Tensor>& b_bias,
+                              int64_t size_n, c10::DeviceType device, const at::Tensor& a) {
+  if (!has_values(b_bias)) return false;
+  check_device(op, "b_bias", *b_bias, device);
+  check_same_device(op, "b_bias", *b_bias, "a", a);
+  TORCH_CHECK(b_bias->scalar_type() == a.scalar_type(), op,
+              ": b_bias must have the dtype of a (", a.scalar_type(), "), got ",
+              b_bias->scalar_type());
+  check_dim(op, "b_bias", *b_bias, 1);
+  check_shape(op, "b_bias", *b_bias, {size_n});
+  check_contiguous(op, "b_bias", *b_bias);
+  return true;
+}
+
+// Conventions (vLLM): None and empty tensors both mean "absent" for b_zeros, g_idx, perm and
+// b_bias. `a` may have a row stride larger than K (it must be unit-stride along K); every other
+// tensor must be contiguous. size_m == 0 is legal (empty result); size_k, size_n must be > 0.
+inline W4a16GemmArgs check_w4a16_gemm_args(
+    const at::Tensor& a, const at::Tensor& b_q_weight, const at::Tensor& b_scales,
+    const std::optional<at::Tensor>& b_zeros, const std::optional<at::Tensor>& g_idx,
+    const std::optional<at::Tensor>& perm, const at::Tensor& workspace, int64_t num_bits,
+    const c10::SymInt& size_m, int64_t size_n, int64_t size_k, bool is_k_full,
+    const std::optional<at::Tensor>& b_bias, c10::DeviceType device) {
+  const char* op = "w4a16_gemm";
+  W4a16GemmArgs args{};
+  check_marlin_gemm_operands(op, a, b_q_weight, b_scales, num_bits, size_m, size_n, size_k,
+                             device);
   // The group count selects the kernel's scale path: a Meta kernel specializes on it.
   args.num_groups = b_scales.sym_size(0).guard_int(__FILE__, __LINE__);
 
-  args.has_zp = has_values(b_zeros);
-  if (args.has_zp) {
-    // One group count for both: when they disagree, name both shapes instead of blaming b_zeros.
-    TORCH_CHECK(b_zeros->dim() != 2 || b_zeros->sym_size(0) == args.num_groups, op,
-                ": b_scales and b_zeros must have the same number of groups (size(0)), got "
-                "b_scales ", b_scales.sym_sizes(), " and b_zeros ", b_zeros->sym_sizes());
-    check_int32_operand(op, "b_zeros", *b_zeros, device, a, {args.num_groups, size_n / 8});
-  }
+  args.has_zp = check_marlin_zeros(op, b_zeros, b_scales, args.num_groups, size_n, device, a);
 
   const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
   TORCH_CHECK(has_g_idx == has_perm_, op,
@@ -129,17 +160,7 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
     }
   }
 
-  args.has_bias = has_values(b_bias);
-  if (args.has_bias) {
-    check_device(op, "b_bias", *b_bias, device);
-    check_same_device(op, "b_bias", *b_bias, "a", a);
-    TORCH_CHECK(b_bias->scalar_type() == a.scalar_type(), op,
-                ": b_bias must have the dtype of a (", a.scalar_type(), "), got ",
-                b_bias->scalar_type());
-    check_dim(op, "b_bias", *b_bias, 1);
-    check_shape(op, "b_bias", *b_bias, {size_n});
-    check_contiguous(op, "b_bias", *b_bias);
-  }
+  args.has_bias = check_marlin_bias(op, b_bias, size_n, device, a);
   return args;
 }
 

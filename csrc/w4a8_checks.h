@@ -35,47 +35,15 @@ inline W4a8GemmArgs check_w4a8_gemm_args(
     c10::DeviceType device) {
   const char* op = "w4a8_gemm";
   W4a8GemmArgs args{};
-  check_marlin_sizes(op, size_k, size_n, num_bits);
-  TORCH_CHECK(size_m >= 0, op, ": size_m must be non-negative, got ", size_m);
-  check_dim_bound(op, "size_m", size_m);
-
-  check_device(op, "a", a, device);
-  check_half_dtype(op, "a", a);
-  check_dim(op, "a", a, 2);
-  check_shape(op, "a", a, {size_m, size_k});
-  TORCH_CHECK(a.sym_stride(1) == 1 || size_m == 0, op,
-              ": a must be unit-stride along K (row stride may exceed K), got strides ",
-              a.sym_strides());
-
-  check_device(op, "b_q_weight", b_q_weight, device);
-  check_same_device(op, "b_q_weight", b_q_weight, "a", a);
-  check_dtype(op, "b_q_weight", b_q_weight, at::kInt);
-  check_dim(op, "b_q_weight", b_q_weight, 2);
-  check_shape(op, "b_q_weight", b_q_weight, {size_k / 16, 2 * size_n});
-  check_contiguous(op, "b_q_weight", b_q_weight);
-
-  check_device(op, "b_scales", b_scales, device);
-  check_same_device(op, "b_scales", b_scales, "a", a);
-  TORCH_CHECK(b_scales.scalar_type() == a.scalar_type(), op, ": b_scales must have the dtype of a (",
-              a.scalar_type(), "), got ", b_scales.scalar_type());
-  check_dim(op, "b_scales", b_scales, 2);
-  TORCH_CHECK(b_scales.sym_size(0) >= 1 && b_scales.sym_size(1) == size_n, op,
-              ": b_scales must have shape [num_groups >= 1, size_n = ", size_n, "], got ",
-              b_scales.sym_sizes());
-  check_contiguous(op, "b_scales", b_scales);
+  check_marlin_gemm_operands(op, a, b_q_weight, b_scales, num_bits, size_m, size_n, size_k,
+                             device);
   args.num_groups = b_scales.sym_size(0).guard_int(__FILE__, __LINE__);
   TORCH_CHECK(size_k % args.num_groups == 0, op, ": the number of groups (b_scales.size(0) = ",
               args.num_groups, ") must divide size_k = ", size_k);
   args.group_size = size_k / args.num_groups;
   check_a8_group_size(op, args.group_size, size_k, args.num_groups);
 
-  args.has_zp = has_values(b_zeros);
-  if (args.has_zp) {
-    TORCH_CHECK(b_zeros->dim() != 2 || b_zeros->sym_size(0) == args.num_groups, op,
-                ": b_scales and b_zeros must have the same number of groups (size(0)), got "
-                "b_scales ", b_scales.sym_sizes(), " and b_zeros ", b_zeros->sym_sizes());
-    check_int32_operand(op, "b_zeros", *b_zeros, device, a, {args.num_groups, size_n / 8});
-  }
+  args.has_zp = check_marlin_zeros(op, b_zeros, b_scales, args.num_groups, size_n, device, a);
 
   const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
   TORCH_CHECK(has_g_idx == has_perm_, op,
@@ -102,17 +70,7 @@ inline W4a8GemmArgs check_w4a8_gemm_args(
     }
   }
 
-  args.has_bias = has_values(b_bias);
-  if (args.has_bias) {
-    check_device(op, "b_bias", *b_bias, device);
-    check_same_device(op, "b_bias", *b_bias, "a", a);
-    TORCH_CHECK(b_bias->scalar_type() == a.scalar_type(), op,
-                ": b_bias must have the dtype of a (", a.scalar_type(), "), got ",
-                b_bias->scalar_type());
-    check_dim(op, "b_bias", *b_bias, 1);
-    check_shape(op, "b_bias", *b_bias, {size_n});
-    check_contiguous(op, "b_bias", *b_bias);
-  }
+  args.has_bias = check_marlin_bias(op, b_bias, size_n, device, a);
   return args;
 }
 
@@ -120,16 +78,7 @@ inline W4a8GemmArgs check_awq_gemm_a8_args(const at::Tensor& x, const at::Tensor
                                            const at::Tensor& scales, const at::Tensor& qzeros,
                                            c10::DeviceType device) {
   const char* op = "awq_gemm_a8";
-  check_awq_weight_args(op, qweight, scales, qzeros, device);
-  check_same_device(op, "x", x, "qweight", qweight);
-  TORCH_CHECK(x.scalar_type() == scales.scalar_type(), op,
-              ": x must have the dtype of scales (", scales.scalar_type(), "), got ",
-              x.scalar_type());
-  check_dim(op, "x", x, 2);
-  TORCH_CHECK(x.sym_size(1) == qweight.sym_size(0), op, ": x must have K = qweight.size(0) = ",
-              qweight.sym_size(0), " columns, got shape ", x.sym_sizes());
-  TORCH_CHECK(x.sym_stride(1) == 1, op, ": x must have unit stride along K, got strides ",
-              x.sym_strides());
+  check_awq_x_and_weight_args(op, x, qweight, scales, qzeros, device);
   const int64_t size_k = qweight.sym_size(0).guard_int(__FILE__, __LINE__);
   const int64_t size_n = 8 * qweight.sym_size(1).guard_int(__FILE__, __LINE__);
   check_dim_bound(op, "qweight.size(0)", size_k);
