@@ -22,6 +22,19 @@ from w4kernels import reference
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
+def assert_threads_same_bits(b, case):
+    """The op's result with 1 and with 2 threads: the same bits (the work splits differ)."""
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call(b, case)
+        torch.set_num_threads(2)
+        two = call(b, case)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
+
+
 # (K, N): K = 11008 (a Llama MLP: 43 blocks of 16 k-tiles), K = 1040 (65 tiles: a last block
 # of one tile), N odd multiples of 64.
 # Every register tiling of the decode path: bf16 row blocks of 1..8 rows (M = 13: 8 + 5,
@@ -72,15 +85,7 @@ def test_decode_k_slices(monkeypatch, dtype, m, config, size_k):
     case = make_case(m, size_k, size_n, group, dtype, act, zp, config.endswith("bias"),
                      seed=7 * m + size_k)
     check_against_reference(b, case)
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = call(b, case)
-        torch.set_num_threads(2)
-        two = call(b, case)
-    finally:
-        torch.set_num_threads(saved)
-    assert golden.same_bits(one, two)
+    assert_threads_same_bits(b, case)
     monkeypatch.setenv("W4K_W4A16_KSPLIT", "0")
     check_against_reference(b, case)
 
@@ -116,15 +121,7 @@ def test_threads_same_bits(dtype, m):
     by one thread in a fixed order: the same bits. Also checks M up to 300 against float64."""
     b = backend_or_skip("cpu", OP)
     case = make_case(m, 1040, 320, 80, dtype, zp=True, bias=True, seed=m)
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = call(b, case)
-        torch.set_num_threads(2)
-        two = call(b, case)
-    finally:
-        torch.set_num_threads(saved)
-    assert golden.same_bits(one, two)
+    assert_threads_same_bits(b, case)
     if m in (4, 300):
         check_against_reference(b, case)
 
@@ -212,15 +209,7 @@ def test_threads_same_bits_k11008(dtype, m):
     zero points and bias: 1 and 2 threads give the same bits."""
     b = backend_or_skip("cpu", OP)
     case = make_case(m, 11008, 192, 128, dtype, "k_full", zp=True, bias=True, seed=m + 1)
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = call(b, case)
-        torch.set_num_threads(2)
-        two = call(b, case)
-    finally:
-        torch.set_num_threads(saved)
-    assert golden.same_bits(one, two)
+    assert_threads_same_bits(b, case)
 
 
 def test_large_call_own_scratch():
