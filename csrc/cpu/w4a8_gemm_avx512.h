@@ -495,8 +495,6 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
 }
 
 constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
-// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows.
-constexpr int64_t kA8GroupRows = 16;
 
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
@@ -509,16 +507,15 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   acc_buf.assign(rows * ldc, 0.0f);
   y_buf.resize(64);
   const bool awq = p.format == A8Format::kAwq;
-  // Marlin: one chunk's panel at a time; AWQ: every chunk of the item (decoded row by row).
+  // Marlin: one chunk's panel at a time; AWQ: a pair of chunks (decoded row by row).
   const int64_t panel_bytes = std::max<int64_t>(p.block * 64, p.block / 16 * 1024);
-  panel_buf.resize((awq ? nch : 1) * panel_bytes + 64);
+  panel_buf.resize((awq ? 2 : 1) * panel_bytes + 64);
   alignas(64) float sw[64];
   alignas(64) int32_t z[64];
   const int64_t nq = p.block / 4, ntiles = p.block / 16;
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
-    if (awq && rows > kA8FewRows) decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       if (awq && rows == 1 && (ch - ch0) % 4 == 0 && ch + 4 <= ch1) {
         alignas(64) float sw4[256];
@@ -543,7 +540,10 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         ch += 3;
         continue;
       }
-      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
+      // AWQ panels: a pair of chunks (one 64-byte line per row) decoded when the pair starts.
+      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) % 2 * panel_bytes : 0);
+      if (awq && rows > kA8FewRows && (ch - ch0) % 2 == 0)
+        decode_awq_panels(p, k0, ch, std::min(ch + 2, ch1), panel_buf.data());
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
         const int64_t gn = (k0 + p.block) / p.group_size;

@@ -98,6 +98,9 @@ inline int64_t a8_block_size(int64_t group_size) {
 // Up to this many rows per work item the AVX-512 path decodes in registers without the 128-bit
 // block transpose (Marlin) or without L1 panels (AWQ), and AWQ items take 8 chunks.
 constexpr int64_t kA8FewRows = 4;
+// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows;
+// AWQ up to this many rows: items of 8 chunks.
+constexpr int64_t kA8GroupRows = 16;
 
 // Row order of the quantized activations inside one 16-row Marlin k-tile: position 4t + i holds
 // row kMarlinQuadRow[4t + i] = (2t, 2t + 1, 2t + 8, 2t + 9)[i] (see the header comment).
