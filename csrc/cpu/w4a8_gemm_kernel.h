@@ -43,8 +43,9 @@
 // * AWQ: per quad, one vpermt2b per output zmm gathers byte 4w + b of the 4 rows (held in two
 //   zmm) into a dword, then the low or high nibble is kept (decode_awq_quad_regs): dword = rows
 //   (k, k + 1, k + 2, k + 3) of one column, natural k order; 14 instructions per 256 weights.
-//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: one chunk per pass (awq_rows_a8);
-//   more rows: L1 panels of an item's 2 chunks (decode_awq_panels) and tile_a8.
+//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: a pair of chunks (one 64-byte line
+//   per weight row) per pass of 1-2 rows (awq_rows_2ch_a8; an odd last chunk: awq_rows_a8);
+//   more rows: L1 panels of a pair of chunks (decode_awq_panels) and tile_a8.
 //
 // Portable path: the same activation quantization in scalar C++ and, per output, the same
 // integer sums and the same fp32 epilogue.
