@@ -133,6 +133,7 @@ MARLIN_CASES = [
     (6, 384, 64, 128, "k_full", True, True, BF),
     (300, 128, 64, 64, None, True, False, BF),
     (5, 11008, 64, 128, None, False, False, BF),
+    (2, 256, 1600, 128, None, True, False, BF),  # 25 chunks: 1-4-row items of 4 chunks + 1
 ]
 
 
@@ -194,7 +195,8 @@ def test_w4a8_gemm_strided_a_and_wrapper_shapes():
 
 AWQ_CASES = [(1, 256, 128, 128, BF), (4, 512, 192, 64, FP), (6, 256, 64, 32, BF),
              (9, 1024, 128, 1024, FP), (300, 128, 128, 64, BF), (2, 11008, 128, 128, BF),
-             (17, 256, 320, 128, FP), (1, 512, 320, 64, FP), (3, 256, 576, 32, BF)]
+             (17, 256, 320, 128, FP), (1, 512, 320, 64, FP), (3, 256, 576, 32, BF),
+             (11, 256, 704, 64, BF)]  # 5-16 rows: items of 8 and 3 chunks, panel pairs + 1
 
 
 @pytest.mark.parametrize("case", AWQ_CASES, ids=[f"m{c[0]}-k{c[1]}-n{c[2]}-g{c[3]}-"

@@ -59,17 +59,24 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // holds 2 chunks of a row); rows are split only when there are too few chunk groups, and then
   // into blocks of >= 48 rows (each row block decodes the weights again).
   const int64_t num_chunks = size_n / 64;
-  int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (8 * threads));
+  // Marlin, 1-4 rows (bandwidth-bound): about 2 items per thread, so an item reads long runs of
+  // each k-tile line (N = 4096: 8 chunks = 4 KiB, one page) instead of 4 strided 512-byte runs
+  // per chunk: measured 5-20 % faster at M = 1 than 4 items per thread (h-a8tune). More rows:
+  // about 4 items per thread, for the balance between the 2 threads.
+  const int64_t items_per_thread = size_m <= cpu::kA8FewRows ? 2 : 4;
+  int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (2 * items_per_thread * threads));
   chunks_per_item += chunks_per_item % 2;
   // Large M: keep an item's fp32 accumulators (rows x 64 x chunks floats) within ~256 KiB.
   while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
     chunks_per_item -= 2;
-  // AWQ decodes every chunk of an item into L1 panels (block x 64 bytes each): 2 chunks, one
-  // 64-byte line per row. With few rows it decodes in registers, chunk by chunk: 8 chunks, 256
-  // contiguous bytes of each row (AWQ rows are N/2 bytes apart; fewer pages and DRAM rows per
-  // byte than one line per row).
+  // AWQ, 5+ rows: the item's chunks are decoded a pair at a time into L1 panels (block x 64
+  // bytes each: one 64-byte line per row). Up to 16 rows an item takes 8 chunks, 256 contiguous
+  // bytes of each row per block (AWQ rows are N/2 bytes apart: one line per row per item means a
+  // page per line, a TLB miss each at N = 11008; 8 chunks: 10-15 % faster at M = 8, 16 there);
+  // more rows keep 2 (accumulator size; not re-measured). With 1-4 rows it decodes in
+  // registers, chunk by chunk: 8 chunks.
   if (p.format == cpu::A8Format::kAwq)
-    chunks_per_item = size_m <= cpu::kA8FewRows ? 8 : 2;
+    chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 2;
   const int64_t col_items = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   int64_t row_blocks = 1;
   if (col_items < 4 * threads)

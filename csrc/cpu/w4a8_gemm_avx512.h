@@ -312,6 +312,55 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
 #undef W4K_A8_EPI
 }
 
+// AWQ, 1-2 rows of a 2-4-row item, a pair of chunks (one 64-byte line of each weight row) per
+// pass: every line read whole by one pass, where the one-chunk pass (awq_rows_a8) read half a
+// line per pass and the other half again in the next pass (from L2 at best: a block's 128
+// rows N / 2 bytes apart share few L1 sets). R x 8 accumulators; 3-4 rows: two passes (rows
+// 0-1, then 2-3 from L2). sw2 / z2: the two chunks' scales and zero points in panel order (64 +
+// 64); c: the two chunks' fp32 sums (64 + 64 per row, row stride ldc).
+template <int R>
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+#define W4K_A8_DECL(r, j)                                                           \
+  __m512i a##r##j##0 = _mm512_setzero_si512(), a##r##j##1 = _mm512_setzero_si512(), \
+          a##r##j##2 = _mm512_setzero_si512(), a##r##j##3 = _mm512_setzero_si512();
+  W4K_A8_DECL(0, 0) W4K_A8_DECL(0, 1) W4K_A8_DECL(1, 0) W4K_A8_DECL(1, 1)
+#undef W4K_A8_DECL
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead)
+      for (int r = 0; r < 4; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(words + r * ldq + ahead_words), _MM_HINT_T1);
+    const __m512i av0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
+    const __m512i av1 =
+        _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + (R > 1 ? lda_q : 0) + 4 * q));
+#define W4K_A8_ROW(r, j)                                       \
+  if constexpr (R > r) {                                       \
+    a##r##j##0 = _mm512_dpbusd_epi32(a##r##j##0, e[0], av##r); \
+    a##r##j##1 = _mm512_dpbusd_epi32(a##r##j##1, e[1], av##r); \
+    a##r##j##2 = _mm512_dpbusd_epi32(a##r##j##2, e[2], av##r); \
+    a##r##j##3 = _mm512_dpbusd_epi32(a##r##j##3, e[3], av##r); \
+  }
+#define W4K_A8_CH(j)                                 \
+  {                                                  \
+    __m512i e[4];                                    \
+    decode_awq_quad_regs(words + 8 * j, ldq, ix, e); \
+    W4K_A8_ROW(0, j) W4K_A8_ROW(1, j)                \
+  }
+    W4K_A8_CH(0) W4K_A8_CH(1)
+#undef W4K_A8_CH
+#undef W4K_A8_ROW
+  }
+#define W4K_A8_EPI(r, j)                                                                \
+  if constexpr (R > r)                                                                  \
+    epilogue_row_a8(a##r##j##0, a##r##j##1, a##r##j##2, a##r##j##3, sa[r * lds],        \
+                    sumqa[r * lds], sw2 + 64 * j, z2 + 64 * j, c + r * ldc + 64 * j);
+  W4K_A8_EPI(0, 0) W4K_A8_EPI(0, 1) W4K_A8_EPI(1, 0) W4K_A8_EPI(1, 1)
+#undef W4K_A8_EPI
+}
+
 // AWQ, one row, 4 chunks (256 columns: 128 contiguous bytes of each weight row) per pass:
 // each row's two lines are read once, 16 accumulators. sw4 / z4: the 4 chunks' scales and zero
 // points in panel order, 64 each; c: 4 x 64 fp32 sums.
@@ -495,8 +544,6 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
 }
 
 constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
-// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows.
-constexpr int64_t kA8GroupRows = 16;
 
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
@@ -509,16 +556,15 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   acc_buf.assign(rows * ldc, 0.0f);
   y_buf.resize(64);
   const bool awq = p.format == A8Format::kAwq;
-  // Marlin: one chunk's panel at a time; AWQ: every chunk of the item (decoded row by row).
+  // Marlin: one chunk's panel at a time; AWQ: a pair of chunks (decoded row by row).
   const int64_t panel_bytes = std::max<int64_t>(p.block * 64, p.block / 16 * 1024);
-  panel_buf.resize((awq ? nch : 1) * panel_bytes + 64);
+  panel_buf.resize((awq ? 2 : 1) * panel_bytes + 64);
   alignas(64) float sw[64];
   alignas(64) int32_t z[64];
   const int64_t nq = p.block / 4, ntiles = p.block / 16;
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
-    if (awq && rows > kA8FewRows) decode_awq_panels(p, k0, ch0, ch1, panel_buf.data());
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       if (awq && rows == 1 && (ch - ch0) % 4 == 0 && ch + 4 <= ch1) {
         alignas(64) float sw4[256];
@@ -543,7 +589,10 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         ch += 3;
         continue;
       }
-      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) * panel_bytes : 0);
+      // AWQ panels: a pair of chunks (one 64-byte line per row) decoded when the pair starts.
+      uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) % 2 * panel_bytes : 0);
+      if (awq && rows > kA8FewRows && (ch - ch0) % 2 == 0)
+        decode_awq_panels(p, k0, ch, std::min(ch + 2, ch1), panel_buf.data());
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
         const int64_t gn = (k0 + p.block) / p.group_size;
@@ -558,6 +607,34 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
       const float* sa = p.sa + m0 * p.num_blocks + b;
       const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+      // AWQ, 2-4 rows: a pair of chunks per pass (awq_rows_2ch_a8); an odd last chunk alone.
+      if (awq && rows >= 2 && rows <= kA8FewRows && ch + 2 <= ch1) {
+        alignas(64) float sw2[128];
+        alignas(64) int32_t z2[128];
+        std::copy(sw, sw + 64, sw2);
+        std::copy(z, z + 64, z2);
+        gather_scales_zeros_avx512(p, tb, g, ch + 1, sw2 + 64, z2 + 64);
+        if (ahead) {
+          const int64_t gn = (k0 + p.block) / p.group_size;
+          const char* sn = reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + 1));
+          _mm_prefetch(sn, _MM_HINT_T0);
+          _mm_prefetch(sn + 64, _MM_HINT_T0);
+        }
+        const int64_t ldq = p.size_n / 8;
+        const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
+        const int64_t lds = p.num_blocks;
+        // rows 0-1 (the next block's lines prefetched), then rows 2-3 or row 2
+        awq_rows_2ch_a8<2>(words, ldq, nq, ahead, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2,
+                           z2, c, ldc);
+        if (rows == 3)
+          awq_rows_2ch_a8<1>(words, ldq, nq, false, 0, qa + 2 * p.lda_q, p.lda_q, sa + 2 * lds,
+                             sq + 2 * lds, lds, sw2, z2, c + 2 * ldc, ldc);
+        else if (rows == 4)
+          awq_rows_2ch_a8<2>(words, ldq, nq, false, 0, qa + 2 * p.lda_q, p.lda_q, sa + 2 * lds,
+                             sq + 2 * lds, lds, sw2, z2, c + 2 * ldc, ldc);
+        ++ch;
+        continue;
+      }
       if (awq && rows <= kA8FewRows) {
         const int64_t ldq = p.size_n / 8;
         const int32_t* words = p.qweight + k0 * ldq + 8 * ch;

@@ -43,8 +43,9 @@
 // * AWQ: per quad, one vpermt2b per output zmm gathers byte 4w + b of the 4 rows (held in two
 //   zmm) into a dword, then the low or high nibble is kept (decode_awq_quad_regs): dword = rows
 //   (k, k + 1, k + 2, k + 3) of one column, natural k order; 14 instructions per 256 weights.
-//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: one chunk per pass (awq_rows_a8);
-//   more rows: L1 panels of an item's 2 chunks (decode_awq_panels) and tile_a8.
+//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: a pair of chunks (one 64-byte line
+//   per weight row) per pass of 1-2 rows (awq_rows_2ch_a8; an odd last chunk: awq_rows_a8);
+//   more rows: L1 panels of a pair of chunks (decode_awq_panels) and tile_a8.
 //
 // Portable path: the same activation quantization in scalar C++ and, per output, the same
 // integer sums and the same fp32 epilogue.
@@ -98,6 +99,9 @@ inline int64_t a8_block_size(int64_t group_size) {
 // Up to this many rows per work item the AVX-512 path decodes in registers without the 128-bit
 // block transpose (Marlin) or without L1 panels (AWQ), and AWQ items take 8 chunks.
 constexpr int64_t kA8FewRows = 4;
+// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows;
+// AWQ up to this many rows: items of 8 chunks.
+constexpr int64_t kA8GroupRows = 16;
 
 // Row order of the quantized activations inside one 16-row Marlin k-tile: position 4t + i holds
 // row kMarlinQuadRow[4t + i] = (2t, 2t + 1, 2t + 8, 2t + 9)[i] (see the header comment).
