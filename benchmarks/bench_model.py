@@ -42,7 +42,7 @@ def build(args):
 
 
 def variants(device):
-    """name -> (model dtype, w4kernels config or None)."""
+    """name -> (model dtype, w4kernels config or None[, act_quant of the 4-bit modules])."""
     out = {
         "dense-fp32": (torch.float32, None),
         "dense-bf16": (torch.bfloat16, None),
@@ -52,7 +52,9 @@ def variants(device):
         "awq-marlin g128": (torch.bfloat16, w4kernels.AWQMarlinConfig(group_size=128)),
         "awq (awq_gemm) g128": (torch.bfloat16, w4kernels.AWQConfig(group_size=128)),
     }
-    if device == "cpu":
+    if device == "cpu":  # the int8-activation mode (opt-in, CPU only) of the same layers
+        out["gptq-marlin g128 int8-act"] = out["gptq-marlin g128"] + ("int8",)
+        out["awq (awq_gemm) g128 int8-act"] = out["awq (awq_gemm) g128"] + ("int8",)
         out["kleidiai per-channel"] = (torch.bfloat16, w4kernels.KleidiAIConfig(group_size=-1))
         out["kleidiai bl32"] = (torch.bfloat16, w4kernels.KleidiAIConfig(group_size=32))
     if device == "cuda":  # fp16 is the GPU kernels' fastest path
@@ -109,12 +111,15 @@ def main():
     chosen = variants(device)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
-    for name, (dtype, config) in chosen.items():
+    for name, (dtype, config, *act_quant) in chosen.items():
         model = copy.deepcopy(base).to(dtype)
         t0 = time.perf_counter()
         if config is not None:
             w4kernels.quantize_(model, config, filter_fn=lambda m, n: n.startswith("model.layers."),
                                 progress=False)
+        for module in model.modules():
+            if act_quant and hasattr(module, "act_quant"):
+                module.act_quant = act_quant[0]
         prep = time.perf_counter() - t0
         model = model.to(device)
         times = time_generate(model, ids, args.new, args.repeats, device)
