@@ -140,13 +140,11 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
                                                                           : own_scratch;
   if (scratch.size() < need) scratch.resize(need);
-  auto scratch_tensor = [&](int64_t offset, at::IntArrayRef shape, at::ScalarType dtype) {
-    return at::from_blob(scratch.data() + offset, shape, a.options().dtype(dtype));
-  };
-  at::Tensor a32 = scratch_tensor(0, {size_m, lda}, at::kFloat);
-  at::Tensor c32 = scratch_tensor(a32_floats, {size_m, size_n}, at::kFloat);
-  at::Tensor a_bf16;
-  if (gather_bf16) a_bf16 = scratch_tensor(a32_floats + c32_floats, {size_m, lda_bf16}, at::kBFloat16);
+  // Plain pointers into the scratch (tensor views of it were three TensorImpls per call).
+  float* const a32 = scratch.data();
+  float* const c32 = scratch.data() + a32_floats;
+  uint16_t* const a_bf16 =
+      gather_bf16 ? reinterpret_cast<uint16_t*>(scratch.data() + a32_floats + c32_floats) : nullptr;
   at::Tensor bias32;
   if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
   at::Tensor out = at::empty({size_m, size_n}, a.options());
@@ -159,22 +157,20 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
     for (int64_t m = item * rows_per_item; m < m1; ++m)
       cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
-                         a32.data_ptr<float>() + m * lda,
-                         gather_bf16 ? reinterpret_cast<uint16_t*>(a_bf16.data_ptr()) + m * lda_bf16
-                                     : nullptr,
+                         a32 + m * lda, gather_bf16 ? a_bf16 + m * lda_bf16 : nullptr,
                          gathered.data());
   });
 
   cpu::W4a16GemmProblem p =
       weight_problem(b_q_weight, b_scales, b_zeros, g_idx, args, size_m, size_n, size_k, type);
-  p.a = a32.data_ptr<float>();
+  p.a = a32;
   p.lda = lda;
-  if (a_bf16.defined()) {
-    p.a_bf16 = reinterpret_cast<const uint16_t*>(a_bf16.data_ptr<at::BFloat16>());
+  if (a_bf16 != nullptr) {
+    p.a_bf16 = a_bf16;
     p.lda_bf16 = lda_bf16;
   }
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
-  p.c = c32.data_ptr<float>();
+  p.c = c32;
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
@@ -205,7 +201,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
     for (int64_t m = item * rows_per_item; m < m1; ++m)
-      cpu::narrow_c_row(c32.data_ptr<float>() + m * size_n, size_n, type, avx512,
+      cpu::narrow_c_row(c32 + m * size_n, size_n, type, avx512,
                         reinterpret_cast<uint16_t*>(out.data_ptr()) + m * size_n);
   });
   return out;

@@ -30,14 +30,25 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   p.num_blocks = size_k / p.block;
   // Row stride K + 64: K a multiple of 1024 would put the 6 rows of a tile in the same L1 sets.
   p.lda_q = size_k + 64;
-  at::Tensor qa = at::empty({size_m, p.lda_q}, a.options().dtype(at::kChar));
-  at::Tensor sa = at::empty({size_m, p.num_blocks}, a.options().dtype(at::kFloat));
-  at::Tensor sumqa = at::empty({size_m, p.num_blocks}, a.options().dtype(at::kInt));
+  // The quantized activations: qa int8 [M, lda_q], sa fp32 [M, blocks], sumqa int32
+  // [M, blocks], in one scratch buffer kept per calling thread and reused (grown when a larger
+  // call comes), as w4a16_gemm's: three tensors per call were a fixed cost of every M = 1 call
+  // (README "Whole-model speed"). Calls needing more than kKeptScratchBytes get a buffer of
+  // their own, freed on return (a long prompt does not pin it for the thread's life).
+  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+  const size_t qa_words = static_cast<size_t>(size_m * p.lda_q + 3) / 4;
+  const size_t block_words = static_cast<size_t>(size_m * p.num_blocks);
+  const size_t need = qa_words + 2 * block_words + 16;  // + 16: qa starts on a 64-byte line
+  thread_local std::vector<int32_t> kept_scratch;
+  std::vector<int32_t> own_scratch;
+  std::vector<int32_t>& scratch_buf = need * 4 <= kKeptScratchBytes ? kept_scratch : own_scratch;
+  if (scratch_buf.size() < need) scratch_buf.resize(need);
   at::Tensor bias32;
   if (bias.has_value()) bias32 = bias->to(at::kFloat).contiguous();  // N elements
-  p.qa = qa.data_ptr<int8_t>();
-  p.sa = sa.data_ptr<float>();
-  p.sumqa = sumqa.data_ptr<int32_t>();
+  int32_t* base = scratch_buf.data() + (-(reinterpret_cast<uintptr_t>(scratch_buf.data()) / 4) & 15);
+  p.qa = reinterpret_cast<int8_t*>(base);
+  p.sa = reinterpret_cast<float*>(base + qa_words);
+  p.sumqa = base + qa_words + block_words;
   p.bias = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
 
@@ -46,7 +57,8 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   const int64_t rows_per_prep = std::max<int64_t>(1, size_m / (4 * threads));
   cpu::WorkQueue::instance().run((size_m + rows_per_prep - 1) / rows_per_prep, threads,
                                  [&](int64_t item) {
-    std::vector<float> scratch(size_k);
+    thread_local std::vector<float> scratch;  // K floats, per thread (not per call)
+    if (static_cast<int64_t>(scratch.size()) < size_k) scratch.resize(size_k);
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_prep);
     for (int64_t m = item * rows_per_prep; m < m1; ++m)
       cpu::quantize_a8_row(p, a_bits + m * lda, perm, avx512,
