@@ -15,7 +15,11 @@ the spread column (max/min of the repeats) as the noise level.
 
     PYTHONPATH=$PWD/python python benchmarks/bench_model.py [--layers 4] [--hidden 2048]
         [--intermediate 5632] [--new 32] [--prompt 16] [--batch 1] [--repeats 3]
-        [--threads N] [--only dense-bf16,gptq-marlin]
+        [--threads N] [--only dense-bf16,gptq-marlin] [--per-layer]
+
+``--per-layer`` also times each Linear of the first decoder layer alone at M = 1 (its weight
+stays in the cache: the per-call cost without the weight stream) and prints, per variant, the
+microseconds of each and their sum over the model's layers, next to the decode step's time.
 """
 
 import argparse
@@ -78,6 +82,34 @@ def time_generate(model, ids, new, repeats, device):
     return [run() for _ in range(repeats)]
 
 
+def time_layers(model, dtype, repeats):
+    """{linear name: median microseconds of one forward at M = 1} for model.layers.0's Linears
+    (or their quantized replacements); the same module called back to back, weight in cache."""
+    out = {}
+    layer = model.model.layers[0]
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for name, module in layer.named_modules():
+        k = getattr(module, "in_features", None)
+        if k is None or not name:
+            continue
+        x = torch.randn(1, 1, k, generator=torch.Generator().manual_seed(2)).to(device, dtype)
+        calls = max(20, int(2e8 // (k * module.out_features)))
+        with torch.no_grad():
+            for _ in range(5):
+                module(x)
+            times = []
+            for _ in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    module(x)
+                sync()
+                times.append((time.perf_counter() - t0) / calls * 1e6)
+        out[name] = statistics.median(times)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -90,6 +122,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--only", default=None, help="comma-separated variant names")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also time each Linear of layer 0 alone at M = 1 (weight in cache)")
     args = p.parse_args()
     try:
         import transformers
@@ -107,7 +141,7 @@ def main():
           f"batch={args.batch} prompt={args.prompt} new={args.new} repeats={args.repeats}")
     ids = torch.randint(0, args.vocab, (args.batch, args.prompt),
                         generator=torch.Generator().manual_seed(1)).to(device)
-    results = {}
+    results, layer_us = {}, {}
     chosen = variants(device)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
@@ -125,6 +159,8 @@ def main():
         times = time_generate(model, ids, args.new, args.repeats, device)
         med = statistics.median(times)
         results[name] = times
+        if args.per_layer:
+            layer_us[name] = time_layers(model, dtype, max(5, args.repeats))
         print(f"  measured {name:28s} {args.batch * args.new / med:8.2f} tok/s  "
               f"(quantize {prep:.1f} s)", flush=True)
         del model
@@ -139,6 +175,16 @@ def main():
         rf = medians.get("dense-fp32", float("nan")) / med
         print(f"{name:30s} {tps:9.2f} {1000 * med / args.new:9.2f} {rb:7.2f} {rf:7.2f} "
               f"{max(times) / min(times):6.2f}x")
+    if layer_us:
+        print()
+        print("per-call us of layer 0's Linears at M = 1, weight in cache (median); 'x layers': "
+              "their sum times the layer count, in ms")
+        names = list(next(iter(layer_us.values())))
+        print(f"{'variant':30s} " + " ".join(f"{n.split('.')[-1]:>9s}" for n in names) +
+              f" {'x layers':>9s}")
+        for variant, us in layer_us.items():
+            print(f"{variant:30s} " + " ".join(f"{us.get(n, float('nan')):9.1f}" for n in names) +
+                  f" {sum(us.values()) * args.layers / 1000:9.2f}")
 
 
 if __name__ == "__main__":
