@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "aligned.h"
+#include "dispatch_threshold.h"
 #include "kernels/awq_gemm.cuh"
 
 namespace w4k {
@@ -20,12 +21,7 @@ namespace w4k {
 constexpr int64_t kAwqGemmDequantThreshold = 256;
 
 inline int64_t awq_gemm_dequant_threshold() {
-  if (const char* v = std::getenv("W4K_AWQ_DEQUANT_THRESHOLD")) {
-    char* end = nullptr;
-    const long long t = std::strtoll(v, &end, 10);
-    if (end != v && *end == '\0' && t >= 0) return t;
-  }
-  return kAwqGemmDequantThreshold;
+  return dispatch_threshold("W4K_AWQ_DEQUANT_THRESHOLD", kAwqGemmDequantThreshold);
 }
 
 // t [rows, cols] as a 16-byte aligned tensor whose row stride is a multiple of `multiple`

@@ -8,9 +8,17 @@
 #include <optional>
 
 #include "aligned.h"
+#include "dispatch_threshold.h"
 #include "w4a16_checks.h"
 
 namespace w4k {
+
+// From this many rows of a on, a grouped layer (G > 1) is dequantized once into a dense weight
+// and multiplied with at::mm (the dense path of kernels/w4a16_gemm.cuh): measured on an H100
+// (bench_gpu_gemm.py, 2026-11-24), the tensor-core kernel won up to M = 128 and dequantize +
+// cuBLAS from 256 on (1.03-1.19x at 256, 2.2-3x at 1024-4096), as for awq_gemm (vLLM's AWQ rule).
+// Overridden per call by the environment variable W4K_W4A16_DENSE_THRESHOLD.
+constexpr int64_t kW4a16DenseThreshold = 256;
 
 // Operands of launch_w4a16_gemm, each a tensor kept alive here (copies made for alignment).
 struct W4a16LaunchTensors {
@@ -24,6 +32,7 @@ struct W4a16LaunchTensors {
   at::Tensor row_group_flags;  // act-order: the gather kernel's g_idx checks (plan)
   at::Tensor out;         // [M, N]
   at::Tensor c_tmp;       // fp32 split-K partial tiles (undefined without a split)
+  at::Tensor w_dense;     // plan.dense: the dequantized weight [K, N] (Marlin row order)
   int* counters = nullptr;  // the workspace: one arrival counter per output tile (split-K)
 };
 
@@ -46,7 +55,9 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   if (size_m == 0) return t;
   const cudaError_t err =
       w4a16_gemm_plan<T>(size_m, size_n, size_k, args.num_groups, args.has_act_order, args.has_zp,
-                         num_sms, workspace.numel(), &t.plan);
+                         num_sms, workspace.numel(),
+                         dispatch_threshold("W4K_W4A16_DENSE_THRESHOLD", kW4a16DenseThreshold),
+                         &t.plan);
   TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: kernel configuration failed: ",
               cudaGetErrorString(err));
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;
@@ -66,6 +77,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
     // path with g_idx = r / group_size.
     t.g_idx = at::arange(size_k, a.options().dtype(at::kInt)).div_(args.group_size, "floor");
   }
+  if (t.plan.dense) t.w_dense = at::empty({size_k, size_n}, a.options());
   if (t.plan.splits > 1) {
     t.c_tmp = at::empty({t.plan.c_tmp_floats}, a.options().dtype(at::kFloat));
     t.counters = workspace.data_ptr<int32_t>();
@@ -97,7 +109,8 @@ cudaError_t launch_w4a16_typed(const W4a16LaunchTensors& t,
       t.row_group_flags.defined() ? t.row_group_flags.data_ptr<int>() : nullptr,
       args.has_bias ? ptr(*b_bias) : nullptr, reinterpret_cast<T*>(t.out.data_ptr<AtT>()), size_m,
       size_n, size_k, args.num_groups, t.c_tmp.defined() ? t.c_tmp.data_ptr<float>() : nullptr,
-      t.counters, stream);
+      t.counters, t.w_dense.defined() ? reinterpret_cast<T*>(t.w_dense.data_ptr<AtT>()) : nullptr,
+      stream);
 }
 
 // The two calls of a binding for a's dtype (fp16 or bf16), shared by the CUDA and SIMT bindings.
@@ -123,6 +136,20 @@ inline cudaError_t launch_w4a16_for_dtype(const at::Tensor& a, const W4a16Launch
                                                   size_k, stream)
              : launch_w4a16_typed<__nv_bfloat16, at::BFloat16>(t, b_zeros, b_bias, args, size_m,
                                                               size_n, size_k, stream);
+}
+
+// After the launch: the dense path's matmul, a (a[:, perm] with act-order) times the weight the
+// launch dequantized, plus the bias (one rounding of the fp32 sum, as the kernel path), on the
+// current stream (the CUDA binding) or the CPU (the emulator's).
+inline void w4a16_finish(const W4a16LaunchTensors& t, const std::optional<at::Tensor>& b_bias) {
+  if (!t.plan.dense || t.out.size(0) == 0) return;
+  const at::Tensor x = t.a_perm.defined() ? t.a_perm : t.a;
+  at::Tensor out = t.out;
+  if (b_bias.has_value()) {
+    at::addmm_out(out, *b_bias, x, t.w_dense);
+  } else {
+    at::mm_out(out, x, t.w_dense);
+  }
 }
 
 }  // namespace w4k

@@ -3,7 +3,7 @@ summary. Standard library only (runs before, and independently of, the w4kernels
 
     python scripts/gpu_check_report.py ptxas BUILD_LOG OUT_TXT   # per-kernel registers / spills
     python scripts/gpu_check_report.py junit JUNIT_XML           # "P passed, F failed, ..."
-    python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR SUMMARY)
+    python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR / RACECHECK SUMMARY)
     python scripts/gpu_check_report.py summary OUTDIR            # OUTDIR/summary.md
 
 OUTDIR/steps.tsv (written by gpu_check.sh) holds one line per step:
@@ -97,8 +97,18 @@ def cmd_sanitizer(log):
     except OSError:
         print("no log")
         return
+    # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
     found = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
-    print(f"{found[-1]} errors" if found else "no ERROR SUMMARY in the log")
+    races = re.findall(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) "
+                       r"warnings?\)", text)
+    if found:
+        print(f"{found[-1]} errors")
+    elif races:
+        hazards, errors, warnings = races[-1]
+        print(f"{errors} errors, {warnings} warnings ({hazards} hazards displayed)")
+    else:
+        print("no ERROR SUMMARY in the log")
 
 
 def cmd_summary(outdir):

@@ -15,11 +15,13 @@ Variants covered (the kernel's template/launch choices, not only the ops):
   scale path (per-channel, groups 32/64/128 with and without zero points, act-order with
   ``is_k_full`` True and False, group 96 through the row-group path), bias, fp16 and bf16, N = 192
   (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters) and a
-  launch without split-K (K = 128 is one pipeline stage).
+  launch without split-K (K = 128 is one pipeline stage); M >= 256, the dense path
+  (marlin_dequant_kernel, the gather, a matmul) with zero points, act-order and a shard.
 
     python scripts/gpu_sanitize_cases.py              # the CUDA kernels on the GPU
     python scripts/gpu_sanitize_cases.py --simt       # the same kernels under the SIMT emulator
     python scripts/gpu_sanitize_cases.py -k w4a16     # only cases whose name contains "w4a16"
+    python scripts/gpu_sanitize_cases.py -x "dense path"   # all but those
     python scripts/gpu_sanitize_cases.py --list
 
 Exit status: 0 when every case ran and matched, 1 otherwise; without a GPU (and without
@@ -221,6 +223,13 @@ def case_list(c: Cases):
          lambda: c.w4a16_gemm(3, 4352, 128, 128, f16, "act-rows")),
         ("w4a16_gemm fp16 M=9 K=256 N=192 g64 zero-points (half-empty column tile)",
          lambda: c.w4a16_gemm(9, 256, 192, 64, f16, "awq", True)),
+        # M >= 256 (kW4a16DenseThreshold): marlin_dequant_kernel + a cuBLAS matmul
+        ("w4a16_gemm bf16 M=300 K=256 N=640 g128 zero-points bias (dense path: dequantize +"
+         " matmul)", lambda: c.w4a16_gemm(300, 256, 640, 128, bf16, "awq", True)),
+        ("w4a16_gemm fp16 M=256 K=384 N=192 g64 act-order (dense path, gathered a)",
+         lambda: c.w4a16_gemm(256, 384, 192, 64, f16, "act")),
+        ("w4a16_gemm fp16 M=260 K=256 N=128 g128 act-order shard (dense path, row groups)",
+         lambda: c.w4a16_gemm(260, 256, 128, 128, f16, "shard")),
     ]
     return cases
 
@@ -231,6 +240,8 @@ def main():
                         help="run the CUDA kernels on CPU under the SIMT emulator")
     parser.add_argument("-k", dest="select", default="",
                         help="only the cases whose name contains this substring")
+    parser.add_argument("-x", dest="exclude", default=None,
+                        help="leave out the cases whose name contains this substring")
     parser.add_argument("--list", action="store_true", help="print the case names and exit")
     args = parser.parse_args()
 
@@ -251,7 +262,8 @@ def main():
                   "W4K_CUDA=1 python setup.py build_ext --inplace")
             return 1
 
-    cases = [(n, f) for n, f in case_list(Cases(w4kernels, ns, device)) if args.select in n]
+    cases = [(n, f) for n, f in case_list(Cases(w4kernels, ns, device))
+             if args.select in n and not (args.exclude and args.exclude in n)]
     if args.list:
         print("\n".join(n for n, _ in cases))
         return 0

@@ -59,8 +59,8 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     assert "bench_gpu_gemm.py --quick" in stdout
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
-    assert rows == ["step", "build", "import", "smoke", "tests", "memcheck", "racecheck",
-                    "synccheck", "initcheck", "bench_gpu_gemm", "bench_cuda_repack"]
+    assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
+                    "bench_cuda_repack", "memcheck", "racecheck", "synccheck", "initcheck"]
 
 
 # ---- benchmarks/bench_gpu_gemm.py -----------------------------------------------------------
@@ -142,3 +142,7 @@ def test_report_key_figures(tmp_path, capsys):
     san.write_text("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 2 errors\n")
     gpu_check_report.cmd_sanitizer(str(san))
     assert capsys.readouterr().out.strip() == "2 errors"
+    # racecheck's own summary line (as compute-sanitizer 2025.3 printed it on an H100)
+    san.write_text("========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n")
+    gpu_check_report.cmd_sanitizer(str(san))
+    assert capsys.readouterr().out.strip() == "1 errors, 2 warnings (3 hazards displayed)"

@@ -393,12 +393,12 @@ def test_opcheck(config):
 def identity_gemm(backend, b_q_weight, b_scales, b_zeros, size_k, size_n, g_idx=None,
                   perm=None):
     """a = I (K x K, fp16/bf16 like the scales): the output is the dequantized weight itself."""
-    a = torch.eye(size_k, dtype=b_scales.dtype)
+    a = torch.eye(size_k, dtype=b_scales.dtype, device=b_scales.device)
     if perm is not None:  # a[:, perm] must be I again so that row r of the output is weight row r
         a = a[:, torch.argsort(perm.long())]
     return backend.op(OP)(a, b_q_weight, b_scales, b_zeros, g_idx, perm,
-                          ops.marlin_workspace(size_n), 4, size_k, size_n, size_k, True, None,
-                          True)
+                          ops.marlin_workspace(size_n, b_scales.device), 4, size_k, size_n,
+                          size_k, True, None, True)
 
 
 @pytest.mark.parametrize("case", golden.cases("marlin", "gptq_marlin_repack"))

@@ -9,6 +9,9 @@ numerical parametrization on 'simt' too).
   stage, groups that are not a multiple of the 16-row k-tile, a with a row stride, split-K
   (arrival counters, bits independent of block order under every emulator schedule), workspace
   sizes and a dirty workspace.
+* Dispatch: from W4K_W4A16_DENSE_THRESHOLD rows on, grouped layers are dequantized once by the
+  emulated marlin_dequant_kernel and multiplied with a matmul (both sides of the threshold, the
+  weight's bits, per-channel staying on the kernel).
 * Layout: the golden vectors through the kernel with a = I (exact decoded weights).
 * Argument checks: the emulator binding reports exactly the CPU backend's messages.
 """
@@ -258,6 +261,55 @@ def test_matches_cpu_backend_closely():
     ref = reference.w4a16_gemm(**op_args(case))
     diff = (call(b, case).double() - call(cpu, case).double()).abs()
     assert bool((diff <= 2.0 ** -10 * ref.abs() + 1e-4).all())
+
+
+# ---- dispatch: dequantize once + dense matmul from the token threshold on ---------------------
+
+
+@pytest.mark.parametrize("group_size,act_order,zp,size_n", [
+    (128, None, False, 192), (64, None, True, 640), (32, "k_full", True, 192),
+    (128, "shard", False, 640), (96, None, True, 192)],
+    ids=["g128", "g64-zp-n640", "act-g32-zp", "shard-g128-n640", "g96-rows"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["simt", "cuda"])
+def test_dense_path_from_the_threshold(monkeypatch, backend, dtype, group_size, act_order, zp,
+                                       size_n):
+    """W4K_W4A16_DENSE_THRESHOLD=8: M = 7 runs the tensor-core kernel, M = 8 and 9 the emulated
+    dequantization kernel (N = 640: two blocks of 8 chunks, the second half empty) and a CPU
+    matmul with the bias; both sides within the reference's bound."""
+    b = backend_or_skip(backend, OP)
+    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    for m in (7, 8, 9):
+        case = make_case(m, 384, size_n, group_size, dtype, act_order, zp=zp, bias=True, seed=m)
+        check_against_reference(b, case)
+
+
+@pytest.mark.parametrize("act_order,zp", [(None, True), ("k_full", False)], ids=["zp", "act"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["simt", "cuda"])
+def test_dense_path_weight_bits(monkeypatch, backend, dtype, act_order, zp):
+    """a = I on the dense path (M = K = 256 >= the threshold): the output is the reference's
+    dequantized weight (reference.marlin_dequantize) exactly, i.e. the dequantization kernel
+    rounds (q - z) * s once, as the tensor-core path's B fragments. (Equal values: the identity
+    matmul adds +0 terms, so a -0 weight comes out +0.)"""
+    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    c = make_case(1, 256, 576, 64, dtype, act_order, zp=zp, seed=3)
+    b = backend_or_skip(backend, OP)
+    dev = {k: v.to(b.device) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
+    out = identity_gemm(b, dev["b_q_weight"], dev["b_scales"], dev["b_zeros"], 256, 576,
+                        dev["g_idx"], dev["perm"]).cpu()
+    assert torch.equal(out, c["_w"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("backend", ["simt", "cuda"])
+def test_per_channel_stays_on_the_kernel(monkeypatch, backend, dtype):
+    """Per channel (G == 1) the kernel multiplies the fp32 sum by the scale, which no dense
+    fp16/bf16 weight reproduces: above the threshold it keeps the kernel and still meets the
+    bound of the unrounded weight (a dense rounded weight would miss it on these inputs)."""
+    b = backend_or_skip(backend, OP)
+    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    check_against_reference(b, make_case(40, 512, 128, -1, dtype, zp=True, bias=True, seed=11))
 
 
 # ---- layout against the golden vectors ------------------------------------------------------

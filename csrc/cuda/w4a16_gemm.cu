@@ -39,6 +39,7 @@ at::Tensor w4a16_gemm_cuda(const at::Tensor& a, const at::Tensor& b_q_weight,
                                                  size_k, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess,
               "w4a16_gemm: CUDA kernel launch failed: ", cudaGetErrorString(err));
+  w4a16_finish(t, b_bias);
   return t.out;
 }
 

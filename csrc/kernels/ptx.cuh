@@ -162,11 +162,25 @@ W4K_PTX void cp_async16_cg_zfill(void* smem, const void* glob, bool pred) {
                :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0) : "memory");
 #endif
 }
+// L2 cache hints on the streamed weights: compiled out unless W4K_L2_CACHE_HINTS=1.
+// On an H100 (driver 580.159, nvcc 13.0, sm_90 code) every cp.async with .L2::cache_hint that
+// ptxas gave a shared address of the form [R + UR] (stage base in a uniform register) was
+// encoded with its 64-bit policy descriptor in an odd uniform register (desc[UR1] in SASS) and
+// faulted with "an illegal instruction was encountered" (compute-sanitizer: the awq_gemm and
+// w4a16_gemm weight copies), with the policy made once per kernel or inside each copy's asm
+// (Marlin's form) alike. Small kernels whose addresses stay in plain registers ran. Without the
+// hint the copies are plain cp.async.cg and every kernel passed the cuda tests and
+// compute-sanitizer there (2026-11-24). The hint only orders L2 eviction: results do not
+// depend on it. The emulator executes the hinted forms either way (the hint is a no-op there).
+#ifndef W4K_L2_CACHE_HINTS
+#define W4K_L2_CACHE_HINTS 0
+#endif
+
 // An L2 cache policy that marks lines for eviction first: for data read once (streamed
 // weights), so it does not push reused data (activations, scales) out of L2.
 W4K_PTX uint64_t createpolicy_evict_first() {
-#if W4K_SIMT
-  return 0;  // the emulator has no cache
+#if W4K_SIMT || !W4K_L2_CACHE_HINTS
+  return 0;  // the emulator has no cache; without hints the policy is unused
 #else
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -178,6 +192,9 @@ W4K_PTX void cp_async16_cg_hint(void* smem, const void* glob, uint64_t policy) {
 #if W4K_SIMT
   (void)policy;
   simt::cp_async("cp.async.cg 16 (L2 hint)", smem, glob, 16, false);
+#elif !W4K_L2_CACHE_HINTS
+  (void)policy;
+  cp_async16_cg(smem, glob);
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
                :: "r"(smem_addr(smem)), "l"(glob), "l"(policy) : "memory");
@@ -188,6 +205,9 @@ W4K_PTX void cp_async16_cg_zfill_hint(void* smem, const void* glob, bool pred, u
 #if W4K_SIMT
   (void)policy;
   simt::cp_async("cp.async.cg 16 (zfill, L2 hint)", smem, glob, 16, !pred);
+#elif !W4K_L2_CACHE_HINTS
+  (void)policy;
+  cp_async16_cg_zfill(smem, glob, pred);
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
                :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0), "l"(policy) : "memory");

@@ -688,6 +688,62 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Many-token path (plan.dense): the weight dequantized once into a dense row-major [K, N]
+// tensor in T, rows in Marlin order (act-order: perm's order), w[r, n] = T((q - z) * s) by the
+// decode and scale multiply of the GEMM's B fragments, so the same bits as the tensor-core path
+// multiplies with (and as reference.marlin_dequantize); the binding then runs a dense matmul on
+// a (or a[:, perm]). Grid (ceil(N / 512), K / 16), kThreads threads: warp w decodes k-tile
+// blockIdx.y of Marlin chunk 8 * blockIdx.x + w (its lane's 16 bytes, as the GEMM's warps read
+// them), places the 16 x 64 values in shared memory and writes the 16 rows with 16-byte stores.
+// Groups come from g_idx (clamped to [0, G), as the GEMM's row-group path) or r / group_size.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) marlin_dequant_kernel(const GemmParams p, T* w) {
+  using T2 = typename Dtype<T>::T2;
+  __shared__ int4 tile_sh[kThreads / 32][16 * 64 * 2 / 16];  // per warp: 16 rows x 64 columns
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int chunk = 8 * blockIdx.x + warp, kt = blockIdx.y;
+  if (chunk >= p.size_n / 64) return;  // warp-uniform; only warp barriers follow
+  const int col_lane = lane / 4, row_lane = 2 * (lane % 4);
+  int g4[4];  // groups of the lane's rows 2t, 2t+1, 2t+8, 2t+9 of the k-tile
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 16 * kt + row_lane + (i % 2) + 8 * (i / 2);
+    g4[i] = p.g_idx != nullptr ? p.g_idx[r] : r / p.group_size;
+  }
+  uint32_t scale[8][2], zl[8], zh[8];
+  int row_group[4];
+  make_zero_consts<T>(0x88888888u, zl, zh);  // symmetric unless b_zeros is given
+  load_row_scales<T>(p, g4, row_group, chunk, col_lane, scale, zl, zh);
+  const int4 words = *reinterpret_cast<const int4*>(
+      p.b_q_weight + static_cast<int64_t>(kt) * 2 * p.size_n + chunk * 128 + 4 * lane);
+  const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
+                          uint32_t(words.w)};
+  uint16_t* tile = reinterpret_cast<uint16_t*>(tile_sh[warp]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t r[4];
+    Decode<T>::decode(w4[j], zl[2 * j], zh[2 * j], zl[2 * j + 1], zh[2 * j + 1], r);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 2 * j + h, col = 8 * e + col_lane;
+      // Register 2h: rows 2t (low half), 2t+1 (high); register 2h+1: rows 2t+8, 2t+9.
+      const uint32_t b0 = as_bits(__hmul2(bits_as<T2>(r[2 * h]), bits_as<T2>(scale[e][0])));
+      const uint32_t b1 = as_bits(__hmul2(bits_as<T2>(r[2 * h + 1]), bits_as<T2>(scale[e][1])));
+      tile[row_lane * 64 + col] = static_cast<uint16_t>(b0 & 0xffffu);
+      tile[(row_lane + 1) * 64 + col] = static_cast<uint16_t>(b0 >> 16);
+      tile[(row_lane + 8) * 64 + col] = static_cast<uint16_t>(b1 & 0xffffu);
+      tile[(row_lane + 9) * 64 + col] = static_cast<uint16_t>(b1 >> 16);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int v = lane + 32 * i, row = v / 8, c16 = v % 8;  // 16 rows x 8 16-byte pieces
+    *reinterpret_cast<int4*>(w + static_cast<int64_t>(16 * kt + row) * p.size_n + 64 * chunk +
+                             8 * c16) = tile_sh[warp][8 * row + c16];
+  }
+}
+
 // Rows of M per block: Marlin's m_blocks, 16 * (1..4).
 inline int tile_m_blocks(int64_t size_m) {
   return size_m <= 16 ? 1 : size_m <= 32 ? 2 : size_m <= 48 ? 3 : 4;
@@ -776,6 +832,10 @@ struct W4a16Plan {
   int64_t m_tiles = 0, n_tiles = 0;
   int64_t splits = 1, stages_per_split = 0;
   int64_t c_tmp_floats = 0;
+  // Many tokens, grouped scales: dequantize once (marlin_dequant_kernel) into a dense [K, N]
+  // weight that the binding multiplies with a matmul (launch_w4a16_gemm then runs only the
+  // act-order gather and the dequantization).
+  bool dense = false;
   // kRow for act-order with K % G == 0 and K / G in {32, 64, 128}: the launch checks g_idx on
   // the GPU and the kernel takes the per-stage group path when the rows are in group order; the
   // binding passes row_group_flags_count() ints of scratch.
@@ -790,10 +850,13 @@ struct W4a16Plan {
 // that all blocks are resident at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs),
 // each split keeps >= kMinStagesPerSplit stages, and the tile counters fit the workspace
 // (num_counters ints; 0 disables split-K). group_size: K / G; has_act_order: g_idx given.
+// From dense_threshold rows of M on, grouped layers (G > 1) take the dense path instead; per
+// channel keeps the kernel, which applies the scale to the fp32 sum (no fp16/bf16 weight holds
+// (q - z) * s unrounded).
 template <typename T>
 cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
                             bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
-                            W4a16Plan* plan) {
+                            int64_t dense_threshold, W4a16Plan* plan) {
   using namespace w4a16;
   W4a16Plan pl;
   pl.m_blocks = tile_m_blocks(size_m);
@@ -807,6 +870,12 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
     pl.check_row_groups = has_act_order && size_k % num_groups == 0 &&
                           (group_size == 32 || group_size == 64 || group_size == 128);
   }
+  if (num_groups > 1 && size_m >= dense_threshold) {
+    pl.dense = true;
+    pl.check_row_groups = false;
+    *plan = pl;
+    return cudaSuccess;
+  }
   pl.m_tiles = (size_m + 16 * pl.m_blocks - 1) / (16 * pl.m_blocks);
   pl.n_tiles = (size_n + kTileN - 1) / kTileN;
   const int64_t total_stages = (size_k + kStageK - 1) / kStageK;
@@ -819,7 +888,15 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
   const int64_t resident = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 1) * num_sms;
   const int64_t tiles = pl.m_tiles * pl.n_tiles;
   if (tiles < resident && tiles <= num_counters) {
+    // Fill every block slot, except when one block per SM already covers >= 3/4 of the SMs:
+    // then fewer, longer splits (less per-block start-up and reduction). Measured on an H100
+    // at M = 1 and 16 (devprobe sweep, 2026-11-24): K x N = 4096 x 4096 and 11008 x 4096
+    // (32 tiles) took 4 splits in 0.89-0.95x the time of 8; 4096 x 11008 (86 tiles: 65 % of
+    // the SMs with one each) was fastest filling both slots (3 splits).
     int64_t splits = resident / tiles;
+    const int64_t one_per_sm = num_sms / tiles;
+    if (one_per_sm >= 1 && 4 * tiles * one_per_sm >= 3 * static_cast<int64_t>(num_sms))
+      splits = std::min(splits, one_per_sm);
     const int64_t max_splits = total_stages / kMinStagesPerSplit;
     if (splits > max_splits) splits = max_splits;
     if (splits > 1) {
@@ -840,14 +917,15 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
 // perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given;
 // row_group_flags_tmp: plan.row_group_flags_count(K) ints (no initial value needed); with
 // plan.splits > 1, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
-// plan.n_tiles zeroed ints (left zeroed).
+// plan.n_tiles zeroed ints (left zeroed). plan.dense: w_dense_tmp holds K * N elements of T
+// (16-byte aligned); only the gather and the dequantization run (out is left to the caller).
 template <typename T>
 cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
                               const uint32_t* b_q_weight, const T* b_scales,
                               const uint32_t* b_zeros, const int32_t* g_idx, const int32_t* perm,
                               T* a_perm_tmp, int* row_group_flags_tmp, const T* b_bias, T* out,
                               int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
-                              float* c_tmp, int* counters, cudaStream_t stream) {
+                              float* c_tmp, int* counters, T* w_dense_tmp, cudaStream_t stream) {
   using namespace w4a16;
   if (size_m == 0) return cudaSuccess;
   GemmParams p{};
@@ -883,6 +961,13 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   p.stages_per_split = static_cast<int>(plan.stages_per_split);
   p.c_tmp = c_tmp;
   p.counters = counters;
+  if (plan.dense) {
+    const dim3 grid(static_cast<unsigned>((size_n / 64 + 7) / 8),
+                    static_cast<unsigned>(size_k / 16));
+    auto* dequant = &marlin_dequant_kernel<T>;
+    W4K_LAUNCH(dequant, grid, dim3(kThreads), 0, stream, p, w_dense_tmp);
+    return cudaGetLastError();
+  }
   const dim3 grid(static_cast<unsigned>(plan.n_tiles), static_cast<unsigned>(plan.m_tiles),
                   static_cast<unsigned>(plan.splits));
   return dispatch_config(plan.m_blocks, plan.mode, [&](auto mb, auto mode) {

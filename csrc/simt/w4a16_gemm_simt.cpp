@@ -37,6 +37,7 @@ at::Tensor w4a16_gemm_simt(const at::Tensor& a, const at::Tensor& b_q_weight,
     return launch_w4a16_for_dtype(a, t, b_zeros, b_bias, args, size_m, size_n, size_k,
                                   simt_binding::kNoStream);
   });
+  w4a16_finish(t, b_bias);
   return t.out;
 }
 
