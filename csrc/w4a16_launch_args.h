@@ -17,8 +17,10 @@ namespace w4k {
 // and multiplied with at::mm (the dense path of kernels/w4a16_gemm.cuh): measured on an H100
 // (bench_gpu_gemm.py, 2026-11-24), the tensor-core kernel won up to M = 128 and dequantize +
 // cuBLAS from 256 on (1.03-1.19x at 256, 2.2-3x at 1024-4096), as for awq_gemm (vLLM's AWQ rule).
-// Overridden per call by the environment variable W4K_W4A16_DENSE_THRESHOLD.
-constexpr int64_t kW4a16DenseThreshold = 256;
+// Overridden per call by W4K_W4A16_DEQUANT_THRESHOLD, the variable of the CPU backend's own
+// dense route (csrc/cpu/w4a16_gemm_dequant.h, other defaults): one name per op for "dequantize
+// from this M on", whatever the device.
+constexpr int64_t kW4a16DequantThresholdCuda = 256;
 
 // Operands of launch_w4a16_gemm, each a tensor kept alive here (copies made for alignment).
 struct W4a16LaunchTensors {
@@ -56,7 +58,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
   const cudaError_t err =
       w4a16_gemm_plan<T>(size_m, size_n, size_k, args.num_groups, args.has_act_order, args.has_zp,
                          num_sms, workspace.numel(),
-                         dispatch_threshold("W4K_W4A16_DENSE_THRESHOLD", kW4a16DenseThreshold),
+                         dispatch_threshold("W4K_W4A16_DEQUANT_THRESHOLD", kW4a16DequantThresholdCuda),
                          &t.plan);
   TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: kernel configuration failed: ",
               cudaGetErrorString(err));

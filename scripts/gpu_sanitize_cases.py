@@ -223,7 +223,7 @@ def case_list(c: Cases):
          lambda: c.w4a16_gemm(3, 4352, 128, 128, f16, "act-rows")),
         ("w4a16_gemm fp16 M=9 K=256 N=192 g64 zero-points (half-empty column tile)",
          lambda: c.w4a16_gemm(9, 256, 192, 64, f16, "awq", True)),
-        # M >= 256 (kW4a16DenseThreshold): marlin_dequant_kernel + a cuBLAS matmul
+        # M >= 256 (kW4a16DequantThresholdCuda): marlin_dequant_kernel + a cuBLAS matmul
         ("w4a16_gemm bf16 M=300 K=256 N=640 g128 zero-points bias (dense path: dequantize +"
          " matmul)", lambda: c.w4a16_gemm(300, 256, 640, 128, bf16, "awq", True)),
         ("w4a16_gemm fp16 M=256 K=384 N=192 g64 act-order (dense path, gathered a)",

@@ -9,7 +9,7 @@ numerical parametrization on 'simt' too).
   stage, groups that are not a multiple of the 16-row k-tile, a with a row stride, split-K
   (arrival counters, bits independent of block order under every emulator schedule), workspace
   sizes and a dirty workspace.
-* Dispatch: from W4K_W4A16_DENSE_THRESHOLD rows on, grouped layers are dequantized once by the
+* Dispatch: from W4K_W4A16_DEQUANT_THRESHOLD rows on, grouped layers are dequantized once by the
   emulated marlin_dequant_kernel and multiplied with a matmul (both sides of the threshold, the
   weight's bits, per-channel staying on the kernel).
 * Layout: the golden vectors through the kernel with a = I (exact decoded weights).
@@ -274,11 +274,11 @@ def test_matches_cpu_backend_closely():
 @pytest.mark.parametrize("backend", ["simt", "cuda"])
 def test_dense_path_from_the_threshold(monkeypatch, backend, dtype, group_size, act_order, zp,
                                        size_n):
-    """W4K_W4A16_DENSE_THRESHOLD=8: M = 7 runs the tensor-core kernel, M = 8 and 9 the emulated
+    """W4K_W4A16_DEQUANT_THRESHOLD=8: M = 7 runs the tensor-core kernel, M = 8 and 9 the emulated
     dequantization kernel (N = 640: two blocks of 8 chunks, the second half empty) and a CPU
     matmul with the bias; both sides within the reference's bound."""
     b = backend_or_skip(backend, OP)
-    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    monkeypatch.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "8")
     for m in (7, 8, 9):
         case = make_case(m, 384, size_n, group_size, dtype, act_order, zp=zp, bias=True, seed=m)
         check_against_reference(b, case)
@@ -292,7 +292,7 @@ def test_dense_path_weight_bits(monkeypatch, backend, dtype, act_order, zp):
     dequantized weight (reference.marlin_dequantize) exactly, i.e. the dequantization kernel
     rounds (q - z) * s once, as the tensor-core path's B fragments. (Equal values: the identity
     matmul adds +0 terms, so a -0 weight comes out +0.)"""
-    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    monkeypatch.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "8")
     c = make_case(1, 256, 576, 64, dtype, act_order, zp=zp, seed=3)
     b = backend_or_skip(backend, OP)
     dev = {k: v.to(b.device) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
@@ -308,7 +308,7 @@ def test_per_channel_stays_on_the_kernel(monkeypatch, backend, dtype):
     fp16/bf16 weight reproduces: above the threshold it keeps the kernel and still meets the
     bound of the unrounded weight (a dense rounded weight would miss it on these inputs)."""
     b = backend_or_skip(backend, OP)
-    monkeypatch.setenv("W4K_W4A16_DENSE_THRESHOLD", "8")
+    monkeypatch.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "8")
     check_against_reference(b, make_case(40, 512, 128, -1, dtype, zp=True, bias=True, seed=11))
 
 

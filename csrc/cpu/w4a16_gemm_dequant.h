@@ -20,6 +20,7 @@
 #include "cpu/w4a16_gemm_convert.h"
 #include "cpu/w4a16_gemm_kernel.h"
 #include "cpu/w4a16_gemm_layout.h"
+#include "dispatch_threshold.h"
 
 namespace w4k::cpu {
 
@@ -37,12 +38,9 @@ constexpr int64_t kW4a16DequantThresholdBf16 = INT64_MAX;
 constexpr int64_t kW4a16DequantThresholdFp16 = INT64_MAX;
 
 inline int64_t w4a16_gemm_dequant_threshold(HalfType type) {
-  if (const char* v = std::getenv("W4K_W4A16_DEQUANT_THRESHOLD")) {
-    char* end = nullptr;
-    const long long t = std::strtoll(v, &end, 10);
-    if (end != v && *end == '\0' && t >= 0) return t;
-  }
-  return type == HalfType::kBFloat16 ? kW4a16DequantThresholdBf16 : kW4a16DequantThresholdFp16;
+  return dispatch_threshold("W4K_W4A16_DEQUANT_THRESHOLD", type == HalfType::kBFloat16
+                                                              ? kW4a16DequantThresholdBf16
+                                                              : kW4a16DequantThresholdFp16);
 }
 
 #if defined(W4K_HAVE_AVX512_PATH) && defined(W4K_CONVERT_AVX512)

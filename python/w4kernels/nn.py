@@ -14,7 +14,7 @@ dtype) happens once there; ``forward`` only calls the op.
 **Devices.** Each forward calls the op on the device of its tensors: on CUDA the GPU kernel, on
 the CPU the C++ CPU kernel (AVX-512/AVX2 with a scalar fallback). The ops choose their own
 path by M where it pays (on CUDA ``awq_gemm`` and grouped ``w4a16_gemm`` switch to dequantize
-+ matmul from M = 256, ``W4K_AWQ_DEQUANT_THRESHOLD`` / ``W4K_W4A16_DENSE_THRESHOLD``; on the
++ matmul from M = 256, ``W4K_AWQ_DEQUANT_THRESHOLD`` / ``W4K_W4A16_DEQUANT_THRESHOLD``; on the
 CPU their kernels beat dequantize + matmul at every M measured, README "CPU awq_gemm"), so the
 modules call the op at every M.
 ``module.to(device)`` moves every buffer, the Marlin workspace included.

@@ -120,7 +120,7 @@ def w4a16_gemm(a: torch.Tensor, b_q_weight: torch.Tensor, b_scales: torch.Tensor
       roundings (no fma), then one rounding to T. (vLLM rounds ``acc`` to half and multiplies
       by the half scale, ``half(half(acc) * s)``; the two differ by about an ulp of the output.)
 
-    On CUDA, from M = 256 rows on (``W4K_W4A16_DENSE_THRESHOLD`` overrides it per call) a
+    On CUDA, from M = 256 rows on (``W4K_W4A16_DEQUANT_THRESHOLD`` overrides it per call) a
     grouped layer is dequantized once into the same rounded ``w`` and multiplied with torch's
     matmul (cuBLAS, fp32 accumulation; torch's ``allow_fp16_reduced_precision_reduction`` /
     ``allow_bf16_reduced_precision_reduction`` settings apply there); per-channel layers keep
