@@ -692,16 +692,17 @@ __global__ void __launch_bounds__(kThreads)
 // tensor in T, rows in Marlin order (act-order: perm's order), w[r, n] = T((q - z) * s) by the
 // decode and scale multiply of the GEMM's B fragments, so the same bits as the tensor-core path
 // multiplies with (and as reference.marlin_dequantize); the binding then runs a dense matmul on
-// a (or a[:, perm]). Grid (ceil(N / 512), K / 16), kThreads threads: warp w decodes k-tile
-// blockIdx.y of Marlin chunk 8 * blockIdx.x + w (its lane's 16 bytes, as the GEMM's warps read
+// a (or a[:, perm]). Grid (K / 16, ceil(N / 512)), kThreads threads: warp w decodes k-tile
+// blockIdx.x of Marlin chunk 8 * blockIdx.y + w (its lane's 16 bytes, as the GEMM's warps read
 // them), places the 16 x 64 values in shared memory and writes the 16 rows with 16-byte stores.
+// (K / 16 < 2^26 fits grid x; the planner keeps N / 512 within grid y's 65535.)
 // Groups come from g_idx (clamped to [0, G), as the GEMM's row-group path) or r / group_size.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) marlin_dequant_kernel(const GemmParams p, T* w) {
   using T2 = typename Dtype<T>::T2;
   __shared__ int4 tile_sh[kThreads / 32][16 * 64 * 2 / 16];  // per warp: 16 rows x 64 columns
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int chunk = 8 * blockIdx.x + warp, kt = blockIdx.y;
+  const int chunk = 8 * blockIdx.y + warp, kt = blockIdx.x;
   if (chunk >= p.size_n / 64) return;  // warp-uniform; only warp barriers follow
   const int col_lane = lane / 4, row_lane = 2 * (lane % 4);
   int g4[4];  // groups of the lane's rows 2t, 2t+1, 2t+8, 2t+9 of the k-tile
@@ -870,7 +871,7 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
     pl.check_row_groups = has_act_order && size_k % num_groups == 0 &&
                           (group_size == 32 || group_size == 64 || group_size == 128);
   }
-  if (num_groups > 1 && size_m >= dense_threshold) {
+  if (num_groups > 1 && size_m >= dense_threshold && (size_n / 64 + 7) / 8 <= 65535) {
     pl.dense = true;
     pl.check_row_groups = false;
     *plan = pl;
@@ -962,8 +963,8 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   p.c_tmp = c_tmp;
   p.counters = counters;
   if (plan.dense) {
-    const dim3 grid(static_cast<unsigned>((size_n / 64 + 7) / 8),
-                    static_cast<unsigned>(size_k / 16));
+    const dim3 grid(static_cast<unsigned>(size_k / 16),
+                    static_cast<unsigned>((size_n / 64 + 7) / 8));
     auto* dequant = &marlin_dequant_kernel<T>;
     W4K_LAUNCH(dequant, grid, dim3(kThreads), 0, stream, p, w_dense_tmp);
     return cudaGetLastError();
