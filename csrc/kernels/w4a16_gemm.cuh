@@ -212,6 +212,35 @@ __device__ __forceinline__ void make_zero_consts(uint32_t zw, uint32_t zl[8], ui
   }
 }
 
+// A lane's four Marlin words of one k-tile (one 16-byte load: n-tiles j = 0..3 of its chunk),
+// decoded to the B registers of its 8 columns: f(e, b0, b1) for column e = 2j + h, b0 holding
+// rows 2t (low half) and 2t+1, b1 rows 2t+8 and 2t+9, as (q - z), or T((q - z) * s) with
+// kScaled (scale[e][0] / [1]: the scales of b0's / b1's rows). Shared by the GEMM's main loop
+// and the dense path's dequantization, so both see the same bits.
+template <typename T, bool kScaled, typename F>
+__device__ __forceinline__ void for_each_b_fragment(const int4 words, const uint32_t zl[8],
+                                                    const uint32_t zh[8],
+                                                    const uint32_t scale[8][2], F&& f) {
+  using T2 = typename Dtype<T>::T2;
+  const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
+                          uint32_t(words.w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t r[4];
+    Decode<T>::decode(w4[j], zl[2 * j], zh[2 * j], zl[2 * j + 1], zh[2 * j + 1], r);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e = 2 * j + h;
+      uint32_t b0 = r[2 * h], b1 = r[2 * h + 1];
+      if constexpr (kScaled) {
+        b0 = as_bits(__hmul2(bits_as<T2>(b0), bits_as<T2>(scale[e][0])));
+        b1 = as_bits(__hmul2(bits_as<T2>(b1), bits_as<T2>(scale[e][1])));
+      }
+      f(e, b0, b1);
+    }
+  }
+}
+
 struct GemmParams {
   const void* a;  // [M, K] in T, row stride lda elements (lda % 8 == 0)
   int64_t lda;
@@ -456,24 +485,13 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
       }
       const int4 words = *reinterpret_cast<const int4*>(st + L::kBOffset + kt * kBKTileBytes +
                                                         warp_n * 512 + 16 * lane);
-      const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
-                              uint32_t(words.w)};
+      // Per-channel: (q - z) only; the scale multiplies the fp32 sum in the epilogue.
+      for_each_b_fragment<T, kMode != ScaleMode::kChannel>(
+          words, zl, zh, scale, [&](int e, uint32_t b0, uint32_t b1) {
+            const uint32_t frag_b[2] = {b0, b1};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t r[4];
-        Decode<T>::decode(w4[j], zl[2 * j], zh[2 * j], zl[2 * j + 1], zh[2 * j + 1], r);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int e = 2 * j + h;
-          uint32_t frag_b[2] = {r[2 * h], r[2 * h + 1]};
-          if constexpr (kMode != ScaleMode::kChannel) {
-            frag_b[0] = as_bits(__hmul2(bits_as<T2>(frag_b[0]), bits_as<T2>(scale[e][0])));
-            frag_b[1] = as_bits(__hmul2(bits_as<T2>(frag_b[1]), bits_as<T2>(scale[e][1])));
-          }
-#pragma unroll
-          for (int mb = 0; mb < kMBlocks; ++mb) D::mma(frag_a[mb], frag_b, acc[mb][e]);
-        }
-      }
+            for (int mb = 0; mb < kMBlocks; ++mb) D::mma(frag_a[mb], frag_b, acc[mb][e]);
+          });
     }
   };
 #pragma unroll
@@ -699,7 +717,6 @@ __global__ void __launch_bounds__(kThreads)
 // Groups come from g_idx (clamped to [0, G), as the GEMM's row-group path) or r / group_size.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) marlin_dequant_kernel(const GemmParams p, T* w) {
-  using T2 = typename Dtype<T>::T2;
   __shared__ int4 tile_sh[kThreads / 32][16 * 64 * 2 / 16];  // per warp: 16 rows x 64 columns
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int chunk = 8 * blockIdx.y + warp, kt = blockIdx.x;
@@ -717,25 +734,14 @@ __global__ void __launch_bounds__(kThreads) marlin_dequant_kernel(const GemmPara
   load_row_scales<T>(p, g4, row_group, chunk, col_lane, scale, zl, zh);
   const int4 words = *reinterpret_cast<const int4*>(
       p.b_q_weight + static_cast<int64_t>(kt) * 2 * p.size_n + chunk * 128 + 4 * lane);
-  const uint32_t w4[4] = {uint32_t(words.x), uint32_t(words.y), uint32_t(words.z),
-                          uint32_t(words.w)};
   uint16_t* tile = reinterpret_cast<uint16_t*>(tile_sh[warp]);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t r[4];
-    Decode<T>::decode(w4[j], zl[2 * j], zh[2 * j], zl[2 * j + 1], zh[2 * j + 1], r);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int e = 2 * j + h, col = 8 * e + col_lane;
-      // Register 2h: rows 2t (low half), 2t+1 (high); register 2h+1: rows 2t+8, 2t+9.
-      const uint32_t b0 = as_bits(__hmul2(bits_as<T2>(r[2 * h]), bits_as<T2>(scale[e][0])));
-      const uint32_t b1 = as_bits(__hmul2(bits_as<T2>(r[2 * h + 1]), bits_as<T2>(scale[e][1])));
-      tile[row_lane * 64 + col] = static_cast<uint16_t>(b0 & 0xffffu);
-      tile[(row_lane + 1) * 64 + col] = static_cast<uint16_t>(b0 >> 16);
-      tile[(row_lane + 8) * 64 + col] = static_cast<uint16_t>(b1 & 0xffffu);
-      tile[(row_lane + 9) * 64 + col] = static_cast<uint16_t>(b1 >> 16);
-    }
-  }
+  for_each_b_fragment<T, true>(words, zl, zh, scale, [&](int e, uint32_t b0, uint32_t b1) {
+    const int col = 8 * e + col_lane;
+    tile[row_lane * 64 + col] = static_cast<uint16_t>(b0 & 0xffffu);
+    tile[(row_lane + 1) * 64 + col] = static_cast<uint16_t>(b0 >> 16);
+    tile[(row_lane + 8) * 64 + col] = static_cast<uint16_t>(b1 & 0xffffu);
+    tile[(row_lane + 9) * 64 + col] = static_cast<uint16_t>(b1 >> 16);
+  });
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
