@@ -18,6 +18,7 @@
 #   bench_gpu_gemm, bench_cuda_repack -> bench_*.log (their tables are copied into the summary)
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
+#   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
 #
 # Environment: GPU_CHECK_QUICK=1 (smaller benchmarks), GPU_CHECK_BUDGET_S (default 540: later
 # steps get shorter timeouts, or are skipped, so the run fits one 10-minute device call),
@@ -111,6 +112,7 @@ key_figure() {
         tests) report junit "$OUTDIR/tests-cuda.xml" ;;
         memcheck | racecheck | synccheck | initcheck) report sanitizer "$OUTDIR/$2" ;;
         bench_*) echo "$(grep -c MISMATCH "$OUTDIR/$2") mismatches; tables below" ;;
+        profile) report ncu "$OUTDIR/$2" ;;
     esac
 }
 
@@ -191,6 +193,20 @@ for tool in memcheck racecheck synccheck initcheck; do
         "${SANITIZER:-compute-sanitizer}" --tool "$tool" --error-exitcode 3 --print-limit 50 \
         "$PYTHON" scripts/gpu_sanitize_cases.py ${exclude[@]+"${exclude[@]}"}
 done
+
+# ---- 5. Nsight Compute on w4a16_gemm, M = 1 and 128 (4096 x 4096, fp16): time, DRAM %, issue
+# use, eligible warps per scheduler (gpu_check_report.py ncu), the figures that say what bounds
+# the kernel; the sections stay in profile.log.
+NCU=$(command -v ncu || true)
+if [[ -z $NCU && $DRY_RUN != 1 ]]; then
+    skip_step profile "ncu not found"
+else
+    run_step profile 150 profile.log bash -c 'for m in 1 128; do
+        "$0" --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+            --section Occupancy --section LaunchStats -k regex:w4a16_gemm_kernel -c 1 \
+            "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done' \
+        "${NCU:-ncu}" "$PYTHON"
+fi
 
 echo "gpu_check: done in $((SECONDS - START))s; summary: $OUTDIR/summary.md"
 sed -n '/^| step/,/^$/p' "$OUTDIR/summary.md"

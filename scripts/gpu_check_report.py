@@ -4,6 +4,7 @@ summary. Standard library only (runs before, and independently of, the w4kernels
     python scripts/gpu_check_report.py ptxas BUILD_LOG OUT_TXT   # per-kernel registers / spills
     python scripts/gpu_check_report.py junit JUNIT_XML           # "P passed, F failed, ..."
     python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR / RACECHECK SUMMARY)
+    python scripts/gpu_check_report.py ncu LOG                   # per profiled kernel: time, DRAM %, ...
     python scripts/gpu_check_report.py summary OUTDIR            # OUTDIR/summary.md
 
 OUTDIR/steps.tsv (written by gpu_check.sh) holds one line per step:
@@ -111,6 +112,34 @@ def cmd_sanitizer(log):
         print("no ERROR SUMMARY in the log")
 
 
+def cmd_ncu(log):
+    """One clause per kernel Nsight Compute profiled: its duration, DRAM throughput (% of peak),
+    issue-slot use and eligible warps per scheduler, the figures that say whether a kernel is
+    bound by memory, by issue, or by latency with too few warps."""
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        print("no log")
+        return
+    metrics = [("Duration", "{} us"), ("DRAM Throughput", "DRAM {} %"),
+               ("One or More Eligible", "issue {} %"),
+               ("Eligible Warps Per Scheduler", "{} eligible warps/scheduler")]
+    clauses = []
+    for block in re.split(r"\n(?=  \S[^\n]*\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", text)[1:]:
+        name = re.match(r"  (?:void )?([\w:]+)", block)
+        grid = re.search(r"\((\d+, \d+, \d+)\)x", block)
+        parts = []
+        for label, fmt in metrics:
+            m = re.search(rf"^\s+{re.escape(label)}\s+\S+\s+([\d.,]+)\s*$", block, re.M)
+            if m:
+                parts.append(fmt.format(m.group(1).replace(",", "")))
+        if name and parts:
+            clauses.append(f"{name.group(1)} grid ({grid.group(1) if grid else '?'}): "
+                           + ", ".join(parts))
+    print("; ".join(clauses) if clauses else "no profiled kernel in the log")
+
+
 def cmd_summary(outdir):
     steps = []
     path = os.path.join(outdir, "steps.tsv")
@@ -144,7 +173,7 @@ def cmd_summary(outdir):
 
 
 def main(argv):
-    commands = {"ptxas": (cmd_ptxas, 2), "junit": (cmd_junit, 1),
+    commands = {"ptxas": (cmd_ptxas, 2), "junit": (cmd_junit, 1), "ncu": (cmd_ncu, 1),
                 "sanitizer": (cmd_sanitizer, 1), "summary": (cmd_summary, 1)}
     if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
         print(__doc__, file=sys.stderr)

@@ -60,7 +60,8 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
-                    "bench_cuda_repack", "memcheck", "racecheck", "synccheck", "initcheck"]
+                    "bench_cuda_repack", "memcheck", "racecheck", "synccheck", "initcheck",
+                    "profile"]
 
 
 # ---- benchmarks/bench_gpu_gemm.py -----------------------------------------------------------
@@ -142,6 +143,21 @@ def test_report_key_figures(tmp_path, capsys):
     san.write_text("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 2 errors\n")
     gpu_check_report.cmd_sanitizer(str(san))
     assert capsys.readouterr().out.strip() == "2 errors"
+    # Nsight Compute's section output (the layout ncu 2025.3 printed on an H100), one kernel
+    prof = tmp_path / "profile.log"
+    prof.write_text(
+        "==PROF== Disconnected from process 1\n"
+        "  void w4a16_gemm_kernel<__half, 1, 1>(GemmParams) (32, 1, 4)x(256, 1, 1), Context 1, "
+        "Stream 7, Device 0, CC 9.0\n"
+        "    Section: GPU Speed Of Light Throughput\n"
+        "    DRAM Throughput                   %        20.12\n"
+        "    Duration                         us        12.90\n"
+        "    One or More Eligible                   %        42.58\n"
+        "    Eligible Warps Per Scheduler        warp         0.81\n")
+    gpu_check_report.cmd_ncu(str(prof))
+    assert capsys.readouterr().out.strip() == (
+        "w4a16_gemm_kernel grid (32, 1, 4): 12.90 us, DRAM 20.12 %, issue 42.58 %, "
+        "0.81 eligible warps/scheduler")
     # racecheck's own summary line (as compute-sanitizer 2025.3 printed it on an H100)
     san.write_text("========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n")
     gpu_check_report.cmd_sanitizer(str(san))
