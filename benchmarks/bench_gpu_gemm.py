@@ -25,6 +25,7 @@ bytes), which is what a purely memory-bound kernel could reach.
     python benchmarks/bench_gpu_gemm.py                       # full M sweep, 4 shapes, fp16 + bf16
     python benchmarks/bench_gpu_gemm.py --quick               # 4 values of M, 2 shapes, fp16
     python benchmarks/bench_gpu_gemm.py --m 1 16 --dtype bf16 --act-order
+    python benchmarks/bench_gpu_gemm.py --graph --m 1 4 16 64 128   # CUDA-graph replays
     python benchmarks/bench_gpu_gemm.py --simt                # no GPU: exercise this script on
                                                               # CPU (emulator; times meaningless)
 
@@ -119,6 +120,45 @@ class Timer:
         torch.cuda.synchronize()
         drained = host_ms > self.sleep_ms + queue_start.elapsed_time(events[-1][1])
         return [s.elapsed_time(e) for s, e in events], drained
+
+
+class GraphTimer:
+    """``--graph``: median time per call of fn(i), replayed from a CUDA graph that holds one call
+    per weight copy (so the weights still rotate), ``iters`` calls per sample, 5 samples. No
+    launch gaps and no per-call event overhead: the time a decode step replaying CUDA graphs (as
+    vLLM's does) sees."""
+
+    drained = False  # graphs never drain the launch queue
+
+    def __init__(self, warmup, iters):
+        self.warmup, self.iters = warmup, iters
+
+    def __call__(self, fn, copies):
+        side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graphs asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(max(self.warmup, copies)):
+                fn(i % copies)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(copies):
+                fn(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        replays = max(1, -(-self.iters // copies))
+        times = []
+        for _ in range(5):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / (replays * copies))
+        del graph
+        return statistics.median(times)
 
 
 def copy_bandwidth(device, timer):
@@ -239,10 +279,15 @@ def main():
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--quick", action="store_true",
                         help=f"M in {QUICK_M}, shapes {QUICK_SHAPES}, fp16, fewer iterations")
+    parser.add_argument("--graph", action="store_true",
+                        help="time calls replayed from CUDA graphs (no launch gaps or per-call "
+                             "events; decode as vLLM runs it) instead of event pairs per call")
     parser.add_argument("--simt", action="store_true",
                         help="run on CPU under the SIMT emulator with a tiny shape (checks the "
                              "script itself; the timings mean nothing)")
     args = parser.parse_args()
+    if args.graph and args.simt:
+        parser.error("--graph needs a GPU (CUDA graphs); --simt runs on the CPU")
 
     target = gpu_target.choose("bench_gpu_gemm", args.simt)
     if not isinstance(target, gpu_target.Target):
@@ -262,12 +307,15 @@ def main():
 
     ns = getattr(torch.ops, namespace)
 
-    timer = Timer(device, args.warmup, args.iters)
+    timer = GraphTimer(args.warmup, args.iters) if args.graph else Timer(device, args.warmup,
+                                                                          args.iters)
     copy_bw = copy_bandwidth(device, timer)
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (SIMT emulator)"
     variant = "GPTQ" + (" act-order" if args.act_order else "") + (
         " + zero points" if args.zero_points else "")
-    print(f"device: {where}   torch {torch.__version__}   median of {args.iters} "
+    how = (f"CUDA graphs, median of 5 samples of ~{args.iters} replayed calls" if args.graph
+           else f"events per call, median of {args.iters}")
+    print(f"device: {where}   torch {torch.__version__}   {how} "
           f"(after {args.warmup} warm-up calls)")
     print(f"weights: int4 {variant}, group {GROUP_SIZE}; awq_gemm split_k_iters="
           f"{args.split_k_iters}; copy bandwidth (read + write): {copy_bw / 1e9:.0f} GB/s")

@@ -15,7 +15,8 @@
 #   smoke      scripts/gpu_sanitize_cases.py: every kernel variant once, checked against
 #              w4kernels.reference -> smoke.log
 #   tests      pytest tests -k cuda (the cuda backend) -> tests-cuda.log, tests-cuda.xml
-#   bench_gpu_gemm, bench_cuda_repack -> bench_*.log (their tables are copied into the summary)
+#   bench_gpu_gemm, bench_gpu_gemm_graph (M <= 128 from CUDA-graph replays), bench_cuda_repack
+#              -> bench_*.log (their tables are copied into the summary)
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
 #   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
@@ -172,6 +173,9 @@ quick_flag=()
 [[ $QUICK == 1 ]] && quick_flag=(--quick)
 run_step bench_gpu_gemm 240 bench_gpu_gemm.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
+# The small-M rows again from CUDA-graph replays (decode as vLLM runs it: no launch gaps).
+run_step bench_gpu_gemm_graph 120 bench_gpu_gemm_graph.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
+    --graph --dtype fp16 --m 1 4 16 64 128 ${quick_flag[@]+"${quick_flag[@]}"}
 run_step bench_cuda_repack 120 bench_cuda_repack.log "$PYTHON" benchmarks/bench_cuda_repack.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
 

@@ -19,6 +19,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 BENCH_LOGS = [("bench_gpu_gemm", "bench_gpu_gemm.log"),
+              ("bench_gpu_gemm_graph", "bench_gpu_gemm_graph.log"),
               ("bench_cuda_repack", "bench_cuda_repack.log")]
 
 

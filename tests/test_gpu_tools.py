@@ -60,8 +60,8 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
-                    "bench_cuda_repack", "memcheck", "racecheck", "synccheck", "initcheck",
-                    "profile"]
+                    "bench_gpu_gemm_graph", "bench_cuda_repack", "memcheck", "racecheck",
+                    "synccheck", "initcheck", "profile"]
 
 
 # ---- benchmarks/bench_gpu_gemm.py -----------------------------------------------------------
@@ -82,6 +82,14 @@ def test_bench_gpu_gemm_simt_runs_every_method():
     assert "MISMATCH" not in stdout
     row = [line for line in stdout.splitlines() if line.split()[:3] == ["1", "128", "256"]]
     assert len(row) == 1, stdout
+
+
+def test_bench_gpu_gemm_graph_mode_needs_a_gpu_not_the_emulator():
+    """--graph times CUDA-graph replays; with --simt it is a usage error that says so (exit 2)."""
+    r = subprocess.run([sys.executable, "benchmarks/bench_gpu_gemm.py", "--graph", "--simt"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--graph needs a GPU (CUDA graphs); --simt runs on the CPU" in r.stderr
 
 
 # ---- scripts/gpu_sanitize_cases.py ----------------------------------------------------------
