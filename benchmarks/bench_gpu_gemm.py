@@ -324,6 +324,7 @@ def main():
               f"{'awq ms':>9} {'TFLOP/s':>8} {'wt GB/s':>8} {'%copy':>6} {'w4a16 x':>8} "
               f"{'awq x':>6} {'ideal x':>8}")
     failures = 0
+    graph_failures = set()  # --graph: methods whose calls could not be captured (nan in the table)
     for dname in dtype_names:
         dtype = DTYPES[dname]
         for size_k, size_n in shapes:
@@ -352,8 +353,18 @@ def main():
             print("-" * len(header))
             for m in m_values:
                 x = torch.randn(m, size_k, device=device).to(dtype)
+
+                def time_method(name, fn, copies):
+                    try:
+                        return timer(lambda i: fn(x, i), copies)
+                    except RuntimeError as e:  # --graph: a method that cannot be captured
+                        if not args.graph or isinstance(e, torch.cuda.OutOfMemoryError):
+                            raise
+                        graph_failures.add(f"{name}: {str(e).splitlines()[0] if str(e) else e}")
+                        return float("nan")
+
                 try:
-                    ms = {name: timer(lambda i, f=fn: f(x, i), copies)
+                    ms = {name: time_method(name, fn, copies)
                           for name, (fn, copies) in fns.items()}
                 except torch.cuda.OutOfMemoryError:
                     print(f"{m:>5} {size_n:>6} {size_k:>6}  skipped: out of GPU memory")
@@ -371,6 +382,8 @@ def main():
             del layer, fns
             if device == "cuda":
                 torch.cuda.empty_cache()
+    for text in sorted(graph_failures):
+        print(f"note: --graph could not capture {text}; its cells are nan")
     if timer.drained:
         print("\nnote: enqueueing outlasted the GPU work queued ahead of it at least once; "
               "the smallest times may include launch overhead")

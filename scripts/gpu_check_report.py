@@ -3,8 +3,10 @@ summary. Standard library only (runs before, and independently of, the w4kernels
 
     python scripts/gpu_check_report.py ptxas BUILD_LOG OUT_TXT   # per-kernel registers / spills
     python scripts/gpu_check_report.py junit JUNIT_XML           # "P passed, F failed, ..."
-    python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR / RACECHECK SUMMARY)
-    python scripts/gpu_check_report.py ncu LOG                   # per profiled kernel: time, DRAM %, ...
+    python scripts/gpu_check_report.py sanitizer LOG             # "N errors" (ERROR SUMMARY,
+                                                                 #   or racecheck's RACECHECK SUMMARY)
+    python scripts/gpu_check_report.py ncu LOG                   # per profiled kernel: time,
+                                                                 #   DRAM %, issue %, eligible warps
     python scripts/gpu_check_report.py summary OUTDIR            # OUTDIR/summary.md
 
 OUTDIR/steps.tsv (written by gpu_check.sh) holds one line per step:
