@@ -94,12 +94,19 @@ def cmd_junit(xml_path):
           f"{total['skipped']} skipped")
 
 
-def cmd_sanitizer(log):
+def _log_text(log):
+    """The log's text, or None (after printing "no log") when it cannot be read."""
     try:
         with open(log, errors="replace") as f:
-            text = f.read()
+            return f.read()
     except OSError:
         print("no log")
+        return None
+
+
+def cmd_sanitizer(log):
+    text = _log_text(log)
+    if text is None:
         return
     # memcheck, synccheck and initcheck end with "ERROR SUMMARY: N errors"; racecheck with
     # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
@@ -119,11 +126,8 @@ def cmd_ncu(log):
     """One clause per kernel Nsight Compute profiled: its duration, DRAM throughput (% of peak),
     issue-slot use and eligible warps per scheduler, the figures that say whether a kernel is
     bound by memory, by issue, or by latency with too few warps."""
-    try:
-        with open(log, errors="replace") as f:
-            text = f.read()
-    except OSError:
-        print("no log")
+    text = _log_text(log)
+    if text is None:
         return
     metrics = [("Duration", "{} us"), ("DRAM Throughput", "DRAM {} %"),
                ("One or More Eligible", "issue {} %"),
