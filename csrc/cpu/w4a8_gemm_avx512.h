@@ -47,6 +47,27 @@ W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
   v[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
 }
 
+// Four named int32 accumulators p##0 .. p##3, zeroed (named, not an array: GCC kept arrays of
+// zmm accumulators on the stack), and p##k += u8 e_k x s8 a (vpdpbusd) for the four of them.
+#define W4K_A8_ZERO4(p)                                                       \
+  __m512i p##0 = _mm512_setzero_si512(), p##1 = _mm512_setzero_si512(),       \
+          p##2 = _mm512_setzero_si512(), p##3 = _mm512_setzero_si512();
+#define W4K_A8_DOT4(p, e0, e1, e2, e3, a) \
+  p##0 = _mm512_dpbusd_epi32(p##0, e0, a); \
+  p##1 = _mm512_dpbusd_epi32(p##1, e1, a); \
+  p##2 = _mm512_dpbusd_epi32(p##2, e2, a); \
+  p##3 = _mm512_dpbusd_epi32(p##3, e3, a);
+
+// The next block's `lines` 64-byte lines of the 4 AutoAWQ weight rows of a quad (rows ldq words
+// apart, the next block ahead_words on) into L2, as the quad is decoded.
+W4K_A8_TARGET inline __attribute__((always_inline)) void prefetch_quad_rows(
+    const int32_t* words, int64_t ldq, int64_t ahead_words, int lines) {
+  for (int r = 0; r < 4; ++r) {
+    const char* next = reinterpret_cast<const char*>(words + r * ldq + ahead_words);
+    for (int l = 0; l < lines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+  }
+}
+
 // The 512 bytes of one Marlin k-tile of one chunk into L2, one block ahead of their use (k-tiles
 // are 8N bytes apart, which the hardware prefetchers don't follow). Issued tile by tile as the
 // current block is read: a block's worth at once overflows the miss buffers. Not into L1: with
@@ -282,24 +303,15 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw, const int32_t* z, float* c, int64_t ldc) {
   static const AwqQuadIdx ix = awq_quad_idx();
-#define W4K_A8_DECL(r) \
-  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
-          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
-  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
-#undef W4K_A8_DECL
+  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2) W4K_A8_ZERO4(c3)
   for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (ahead)
-      for (int r = 0; r < 4; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(words + r * ldq + ahead_words), _MM_HINT_T1);
+    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 1);
     __m512i e[4];
     decode_awq_quad_regs(words, ldq, ix, e);
 #define W4K_A8_ROW(r)                                                                         \
   if constexpr (R > r) {                                                                      \
     const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * q)); \
-    c##r##0 = _mm512_dpbusd_epi32(c##r##0, e[0], a);                                          \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, e[1], a);                                          \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, e[2], a);                                          \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, e[3], a);                                          \
+    W4K_A8_DOT4(c##r, e[0], e[1], e[2], e[3], a)                                              \
   }
     W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
 #undef W4K_A8_ROW
@@ -324,24 +336,15 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
   static const AwqQuadIdx ix = awq_quad_idx();
-#define W4K_A8_DECL(r, j)                                                           \
-  __m512i a##r##j##0 = _mm512_setzero_si512(), a##r##j##1 = _mm512_setzero_si512(), \
-          a##r##j##2 = _mm512_setzero_si512(), a##r##j##3 = _mm512_setzero_si512();
-  W4K_A8_DECL(0, 0) W4K_A8_DECL(0, 1) W4K_A8_DECL(1, 0) W4K_A8_DECL(1, 1)
-#undef W4K_A8_DECL
+  W4K_A8_ZERO4(a00) W4K_A8_ZERO4(a01) W4K_A8_ZERO4(a10) W4K_A8_ZERO4(a11)
   for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (ahead)
-      for (int r = 0; r < 4; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(words + r * ldq + ahead_words), _MM_HINT_T1);
+    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 1);
     const __m512i av0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
     const __m512i av1 =
         _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + (R > 1 ? lda_q : 0) + 4 * q));
 #define W4K_A8_ROW(r, j)                                       \
   if constexpr (R > r) {                                       \
-    a##r##j##0 = _mm512_dpbusd_epi32(a##r##j##0, e[0], av##r); \
-    a##r##j##1 = _mm512_dpbusd_epi32(a##r##j##1, e[1], av##r); \
-    a##r##j##2 = _mm512_dpbusd_epi32(a##r##j##2, e[2], av##r); \
-    a##r##j##3 = _mm512_dpbusd_epi32(a##r##j##3, e[3], av##r); \
+    W4K_A8_DOT4(a##r##j, e[0], e[1], e[2], e[3], av##r)         \
   }
 #define W4K_A8_CH(j)                                 \
   {                                                  \
@@ -368,27 +371,15 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_row_4ch_a8(
     const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
     const int8_t* qa, float sa, int32_t sumqa, const float* sw4, const int32_t* z4, float* c) {
   static const AwqQuadIdx ix = awq_quad_idx();
-#define W4K_A8_DECL(j) \
-  __m512i a##j##0 = _mm512_setzero_si512(), a##j##1 = _mm512_setzero_si512(), \
-          a##j##2 = _mm512_setzero_si512(), a##j##3 = _mm512_setzero_si512();
-  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
-#undef W4K_A8_DECL
+  W4K_A8_ZERO4(a0) W4K_A8_ZERO4(a1) W4K_A8_ZERO4(a2) W4K_A8_ZERO4(a3)
   for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (ahead)
-      for (int r = 0; r < 4; ++r) {
-        const char* next = reinterpret_cast<const char*>(words + r * ldq + ahead_words);
-        _mm_prefetch(next, _MM_HINT_T1);
-        _mm_prefetch(next + 64, _MM_HINT_T1);
-      }
+    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 2);
     const __m512i av = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
 #define W4K_A8_CH(j)                                       \
   {                                                        \
     __m512i e[4];                                          \
     decode_awq_quad_regs(words + 8 * j, ldq, ix, e);       \
-    a##j##0 = _mm512_dpbusd_epi32(a##j##0, e[0], av);      \
-    a##j##1 = _mm512_dpbusd_epi32(a##j##1, e[1], av);      \
-    a##j##2 = _mm512_dpbusd_epi32(a##j##2, e[2], av);      \
-    a##j##3 = _mm512_dpbusd_epi32(a##j##3, e[3], av);      \
+    W4K_A8_DOT4(a##j, e[0], e[1], e[2], e[3], av)          \
   }
     W4K_A8_CH(0) W4K_A8_CH(1) W4K_A8_CH(2) W4K_A8_CH(3)
 #undef W4K_A8_CH
@@ -513,11 +504,8 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
                                   int64_t lda_q, const float* sa, const int32_t* sumqa,
                                   int64_t lds, const float* sw, const int32_t* z, float* c,
                                   int64_t ldc) {
-#define W4K_A8_DECL(r) \
-  __m512i c##r##0 = _mm512_setzero_si512(), c##r##1 = _mm512_setzero_si512(), \
-          c##r##2 = _mm512_setzero_si512(), c##r##3 = _mm512_setzero_si512();
-  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
-#undef W4K_A8_DECL
+  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2)
+  W4K_A8_ZERO4(c3) W4K_A8_ZERO4(c4) W4K_A8_ZERO4(c5)
   const int8_t* q0 = qa;
   for (int64_t q = 0; q < nq; ++q, panel += 256, q0 += 4) {
     const __m512i w0 = _mm512_loadu_si512(panel);
@@ -527,10 +515,7 @@ W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64
 #define W4K_A8_ROW(r)                                                              \
   if constexpr (R > r) {                                                           \
     const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q)); \
-    c##r##0 = _mm512_dpbusd_epi32(c##r##0, w0, a);                                 \
-    c##r##1 = _mm512_dpbusd_epi32(c##r##1, w1, a);                                 \
-    c##r##2 = _mm512_dpbusd_epi32(c##r##2, w2, a);                                 \
-    c##r##3 = _mm512_dpbusd_epi32(c##r##3, w3, a);                                 \
+    W4K_A8_DOT4(c##r, w0, w1, w2, w3, a)                                           \
   }
     W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
 #undef W4K_A8_ROW
@@ -728,6 +713,8 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   }
 }
 
+#undef W4K_A8_ZERO4
+#undef W4K_A8_DOT4
 #undef W4K_A8_TARGET
 #undef W4K_A8_TARGET_VBMI
 #pragma GCC diagnostic pop
