@@ -99,6 +99,24 @@ inline bool check_marlin_bias(const char* op, const std::optional<at::Tensor>& b
   return true;
 }
 
+// Act-order operands of a Marlin-format GEMM op: g_idx and perm come together (returns whether
+// they are given); when they are, both int32 [K] and perm a permutation of [0, K) (host tensors).
+inline bool check_act_order_operands(const char* op, const std::optional<at::Tensor>& g_idx,
+                                     const std::optional<at::Tensor>& perm,
+                                     c10::DeviceType device, const at::Tensor& a,
+                                     int64_t size_k) {
+  const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
+  TORCH_CHECK(has_g_idx == has_perm_, op,
+              ": g_idx and perm must both be given (act-order) or both be None/empty, got g_idx ",
+              has_g_idx ? "given" : "absent", " and perm ", has_perm_ ? "given" : "absent");
+  if (!has_g_idx) return false;
+  check_int32_operand(op, "g_idx", *g_idx, device, a, {size_k});
+  check_int32_operand(op, "perm", *perm, device, a, {size_k});
+  check_index_range(op, "perm", *perm, size_k);
+  check_permutation(op, "perm", *perm);
+  return true;
+}
+
 // Conventions (vLLM): None and empty tensors both mean "absent" for b_zeros, g_idx, perm and
 // b_bias. `a` may have a row stride larger than K (it must be unit-stride along K); every other
 // tensor must be contiguous. size_m == 0 is legal (empty result); size_k, size_n must be > 0.
@@ -117,21 +135,13 @@ inline W4a16GemmArgs check_w4a16_gemm_args(
 
   args.has_zp = check_marlin_zeros(op, b_zeros, b_scales, args.num_groups, size_n, device, a);
 
-  const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
-  TORCH_CHECK(has_g_idx == has_perm_, op,
-              ": g_idx and perm must both be given (act-order) or both be None/empty, got g_idx ",
-              has_g_idx ? "given" : "absent", " and perm ", has_perm_ ? "given" : "absent");
-  args.has_act_order = has_g_idx && has_perm_;
+  args.has_act_order = check_act_order_operands(op, g_idx, perm, device, a, size_k);
   if (args.has_act_order) {
-    check_int32_operand(op, "g_idx", *g_idx, device, a, {size_k});
-    check_int32_operand(op, "perm", *perm, device, a, {size_k});
     // A full-K act-order layer has K / G rows per group (vLLM derives group_size from it).
     if (is_k_full)
       TORCH_CHECK(size_k % args.num_groups == 0, op, ": with act-order and is_k_full, the ",
                   "number of groups (b_scales.size(0) = ", args.num_groups,
                   ") must divide size_k = ", size_k);
-    check_index_range(op, "perm", *perm, size_k);
-    check_permutation(op, "perm", *perm);
     check_index_range(op, "g_idx", *g_idx, args.num_groups);
     check_sorted(op, "g_idx", *g_idx);
     args.group_size = 0;

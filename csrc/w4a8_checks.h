@@ -45,19 +45,11 @@ inline W4a8GemmArgs check_w4a8_gemm_args(
 
   args.has_zp = check_marlin_zeros(op, b_zeros, b_scales, args.num_groups, size_n, device, a);
 
-  const bool has_g_idx = has_values(g_idx), has_perm_ = has_perm(perm);
-  TORCH_CHECK(has_g_idx == has_perm_, op,
-              ": g_idx and perm must both be given (act-order) or both be None/empty, got g_idx ",
-              has_g_idx ? "given" : "absent", " and perm ", has_perm_ ? "given" : "absent");
-  args.has_act_order = has_g_idx && has_perm_;
+  args.has_act_order = check_act_order_operands(op, g_idx, perm, device, a, size_k);
   if (args.has_act_order) {
     TORCH_CHECK(is_k_full, op, ": act-order (g_idx, perm) needs is_k_full=True in the int8 "
                 "mode (a row-parallel shard's groups are not whole blocks of its rows), got "
                 "is_k_full=False");
-    check_int32_operand(op, "g_idx", *g_idx, device, a, {size_k});
-    check_int32_operand(op, "perm", *perm, device, a, {size_k});
-    check_index_range(op, "perm", *perm, size_k);
-    check_permutation(op, "perm", *perm);
     // The int8 blocks are consecutive Marlin rows of one group: g_idx (sorted, in Marlin row
     // order) must be r / group_size, which every full GPTQ desc_act layer gives.
     if (g_idx->device().type() == c10::DeviceType::CPU) {
