@@ -192,9 +192,9 @@ def _awq_random(k, n, gen, dtype):
     return quant.AWQWeight(qweight, scales, qzeros, GROUP, k, n)
 
 
-def _gptq_random(k, n, gen, act_order):
+def _gptq_random(k, n, gen, act_order, dtype=torch.bfloat16):
     qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=gen)
-    scales = (torch.rand(k // GROUP, n, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16)
+    scales = (torch.rand(k // GROUP, n, generator=gen) * 0.01 + 1e-3).to(dtype)
     g_idx = None
     if act_order:
         g_idx = (torch.arange(k) // GROUP)[torch.randperm(k, generator=gen)].to(torch.int32)
@@ -216,13 +216,13 @@ def m_awq_dequant_mm(k, n, gen, quick):
         x, ops.awq_dequantize(ws[i].qweight, ws[i].scales, ws[i].qzeros))
 
 
-def m_w4a16(k, n, gen, quick, kind):
+def m_w4a16(k, n, gen, quick, kind, dtype=torch.bfloat16):
     wb = k * n // 2 + (k // GROUP) * n * (2.5 if kind == "awq" else 2) + (4 * k if kind == "act" else 0)
     c = n_copies(wb, quick)
     if kind == "awq":
-        ms = [quant.awq_to_marlin(_awq_random(k, n, gen, torch.bfloat16)) for _ in range(c)]
+        ms = [quant.awq_to_marlin(_awq_random(k, n, gen, dtype)) for _ in range(c)]
     else:
-        ms = [quant.gptq_to_marlin(_gptq_random(k, n, gen, kind == "act")) for _ in range(c)]
+        ms = [quant.gptq_to_marlin(_gptq_random(k, n, gen, kind == "act", dtype)) for _ in range(c)]
     return wb, c, lambda x, i: ms[i].gemm(x)
 
 
@@ -337,6 +337,8 @@ METHODS = {
     "w4a16 gptq bf16": ("bf16", "bf16", True),
     "w4a16 awq-zp bf16": ("bf16", "bf16", True),
     "w4a16 act-order bf16": ("bf16", "bf16", True),
+    "w4a16 gptq fp16": ("fp32", "fp16", True),
+    "w4a16 awq-zp fp16": ("fp32", "fp16", True),
     "kleidiai int8": ("int8", "fp32", True),
     "w4a8 gptq bf16": ("int8", "bf16", True),
     "w4a8 awq-zp bf16": ("int8", "bf16", True),
@@ -386,7 +388,8 @@ def build(name, k, n, gen, quick, threads):
         return m_w4a8(k, n, gen, quick, "awq" if "awq" in name else "gptq")
     if name.startswith("w4a16"):
         return m_w4a16(k, n, gen, quick, name.split()[1].replace("awq-zp", "awq")
-                       .replace("act-order", "act"))
+                       .replace("act-order", "act"),
+                       torch.float16 if name.endswith("fp16") else torch.bfloat16)
     if name == "kleidiai int8":
         return m_kleidiai(k, n, gen, quick)
     if name == "torch fp32":

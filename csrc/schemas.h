@@ -85,6 +85,9 @@ inline void define_cpu_only_ops(torch::Library& m) {
         "SymInt size_k, bool is_k_full=True, Tensor? b_bias=None) -> Tensor");
   // AutoAWQ qweight / scales / qzeros as awq_gemm takes them (no split_k_iters: GPU only).
   m.def("awq_gemm_a8(Tensor x, Tensor qweight, Tensor scales, Tensor qzeros) -> Tensor");
+  // How the CPU GEMMs' jobs ran so far in this process (cpu/w4a16_gemm_work_queue.h):
+  // [jobs on torch's OpenMP team, jobs on our own workers, OpenMP jobs with a late thread].
+  m.def("cpu_thread_stats() -> int[]");
 }
 
 }  // namespace w4k

@@ -31,9 +31,19 @@
 #include "cpu/awq_gemm_cpu_avx2.h"
 #include "cpu/awq_gemm_cpu_lut.h"
 #include "cpu/isa.h"
+#include "cpu/w4a16_gemm_work_queue.h"
 
 namespace w4k {
 namespace {
+
+// This thread's kernel scratch of `floats` floats, 64-byte aligned (grown, never shrunk): work
+// items run on whichever thread claims them (cpu/w4a16_gemm_work_queue.h).
+float* thread_scratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats + 16) buf.resize(floats + 16);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) / 64 * 64);
+}
 
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column 8c + j is nibble kAwqNibble[j]
 constexpr int64_t kBlockN = 64;                          // columns per block (8 words)
@@ -165,11 +175,11 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
   });
 }
 
-// Runs the awq_gemm kernel (awq_gemm_cpu.h) over work items of 256 columns handed out by an
-// atomic counter: a thread that the OS preempts (other processes on the cores) delays only
-// the item it holds, the other thread takes the rest; items are large enough (the whole K)
-// that the counter costs nothing. Each column is summed by one item, so the bits do not
-// depend on the thread count.
+// Runs the awq_gemm kernel (awq_gemm_cpu.h) over work items of 256 columns on the CPU GEMMs'
+// work queue (cpu/w4a16_gemm_work_queue.h: a thread that the OS preempts delays only the item
+// it holds, the other thread takes the rest); items are large enough (the whole K) that the
+// counter costs nothing. Each column is summed by one item, so the bits do not depend on the
+// thread count.
 // AVX2 path (awq_gemm_cpu_avx2.h): CPUs with AVX2 + FMA + F16C but not the AVX-512 path's
 // BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the tile path's), summed
 // in the order of the portable path the shape selects; x widened to fp32 once (exact).
@@ -186,16 +196,10 @@ void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
   }
   const int64_t chunk_cols = awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
   const int64_t chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
   const int64_t floats = awq_cpu::avx2_scratch_floats(pb.size_m, awq_cpu::avx2_lanes<D>(lut_order));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    float* scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
-      awq_cpu::chunk_avx2<D>(pb, xf, n0, n1, lut_order, scratch);
-    }
-    std::free(scratch);
+  cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
+    const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+    awq_cpu::chunk_avx2<D>(pb, xf, n0, n1, lut_order, thread_scratch(floats));
   });
 }
 
@@ -212,28 +216,20 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
   const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
   const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
   const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    float* scratch = nullptr;
-    if (simd) {
-      const int64_t floats = lut ? awq_cpu::lut_scratch_floats(pb.size_m)
-                                 : awq_cpu::scratch_floats(pb.size_m);
-      scratch = static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64));
-    }
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
-      const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
-      if (lut && simd)
-        awq_cpu::chunk_lut<D>(pb, xf, n0, n1, m0, m1, scratch);
-      else if (lut)
-        awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
-      else if (simd)
-        awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, scratch);
-      else
-        awq_cpu::chunk_scalar<D>(pb, n0, n1);
-    }
-    std::free(scratch);
+  const int64_t floats = !simd ? 0
+                         : lut ? awq_cpu::lut_scratch_floats(pb.size_m)
+                               : awq_cpu::scratch_floats(pb.size_m);
+  cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
+    const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+    const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
+    if (lut && simd)
+      awq_cpu::chunk_lut<D>(pb, xf, n0, n1, m0, m1, thread_scratch(floats));
+    else if (lut)
+      awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
+    else if (simd)
+      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats));
+    else
+      awq_cpu::chunk_scalar<D>(pb, n0, n1);
   });
 }
 

@@ -207,8 +207,18 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   return out;
 }
 
+std::vector<int64_t> cpu_thread_stats() {
+  const cpu::WorkQueue::Stats s = cpu::WorkQueue::instance().stats();
+  return {s.openmp_jobs, s.own_jobs, s.late_openmp_jobs};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(w4kernels, CPU, m) { m.impl("w4a16_gemm", &w4a16_gemm_cpu); }
+
+// Takes no tensors: registered for every backend.
+TORCH_LIBRARY_IMPL(w4kernels, CompositeExplicitAutograd, m) {
+  m.impl("cpu_thread_stats", &cpu_thread_stats);
+}
 
 }  // namespace w4k

@@ -1,29 +1,51 @@
-// The thread pool of the CPU w4a16_gemm kernel (torch-free).
+// The thread pool of the CPU Marlin / AWQ GEMMs: w4a16_gemm, w4a8_gemm and awq_gemm run their
+// work items through WorkQueue::run.
 //
-// Why not at::parallel_for (OpenMP here): an OpenMP region ends in a barrier that every thread
-// of the team must reach, including a thread the OS has not scheduled yet. On a machine whose
-// cores are kept busy by other processes the calling thread finishes the work alone, then spins
-// at the barrier (libgomp spins before it sleeps) waiting for a thread that needs the very core
-// it is spinning on: a 0.8 ms M = 1 call took 16.8 ms (issue 9, item 7).
+// Two ways to run a job, chosen per call (W4K_QUEUE = auto (default) | omp | own):
 //
-// Here the caller waits only for items that were actually claimed: every thread, the caller
-// included, claims items from one counter, and a worker that wakes up after the last item was
-// claimed finds nothing and goes back to sleep. So the caller never waits for a thread that has
-// not started, and with every worker descheduled the call degrades to the single-threaded time.
-// An idle worker polls for the next job for W4K_QUEUE_SPIN_US (default 200 us, yielding the core
-// every few hundred pauses), then sleeps on a condition variable: back-to-back calls find it
-// awake (a futex wake-up cost ~4 us per call at M = 1 on this 2-vCPU VM), and between bursts it
-// burns nothing. The poll never delays the caller: it only decides how soon a worker joins.
-// The counter carries the job's generation in its high 32 bits, so a late worker can never
-// claim an item of a later job with the previous job's function.
+// * On torch's OpenMP team (at::parallel_for, every thread claiming items from one counter).
+//   In a model, the ops between our GEMMs (norms, attention, activations) run on that team, and
+//   after each of them its idle worker spins for a while (libgomp's default wait policy): an
+//   item queue with threads of its own then competes for the second core with a thread that
+//   spins on it. Measured in a whole model (benchmarks/bench_model.py, 4-layer Llama, 2 threads,
+//   bf16): see the README ("Threads").
+//
+// * On our own workers. An OpenMP region ends in a barrier that every thread of the team must
+//   reach, including a thread the OS has not scheduled yet. On a machine whose cores are kept
+//   busy by other processes the calling thread finishes the work alone, then waits at the
+//   barrier for a thread that needs the very core it is spinning on: a 0.8 ms M = 1 call took
+//   16.8 ms (issue 9, item 7). Here the caller waits only for items that were actually claimed:
+//   every thread, the caller included, claims items from one counter, and a worker that wakes
+//   up after the last item was claimed finds nothing and goes back to sleep. So the caller
+//   never waits for a thread that has not started, and with every worker descheduled the call
+//   degrades to the single-threaded time.
+//
+// auto: OpenMP while it is punctual. The caller measures how long it waited at the region's
+// end barrier after its own last item; a wait longer than kLateWaitNs and twice the longest
+// item it ran itself can only be a team thread that started late or was preempted mid-item, so
+// the next kOwnQueueCalls jobs run on our own workers, then OpenMP is tried again; each late
+// retry doubles the stretch (up to kMaxOwnQueueCalls), a punctual job resets it. On a quiet
+// machine every job runs on OpenMP; under lasting load late jobs become rare (one per
+// kMaxOwnQueueCalls jobs), and a passing burst of load costs a few short stretches.
+//
+// Our own idle workers poll for the next job for W4K_QUEUE_SPIN_US (default 200 us, yielding
+// the core every few hundred pauses), then sleep on a condition variable: back-to-back calls
+// find them awake (a futex wake-up cost ~4 us per call at M = 1 on this 2-vCPU VM), and between
+// bursts they burn nothing. The poll never delays the caller: it only decides how soon a worker
+// joins. The counter carries the job's generation in its high 32 bits, so a late worker can
+// never claim an item of a later job with the previous job's function.
 //
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
-// fixed order), so thread counts give the same bits.
+// fixed order), so thread counts and the two ways give the same bits.
 #pragma once
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -39,6 +61,17 @@ namespace w4k::cpu {
 
 class WorkQueue {
  public:
+  // Jobs run so far (inline jobs of one thread or one item are not counted).
+  struct Stats {
+    int64_t openmp_jobs = 0;       // on torch's OpenMP team
+    int64_t own_jobs = 0;          // on our own workers
+    int64_t late_openmp_jobs = 0;  // OpenMP jobs whose caller waited for a late team thread
+  };
+  Stats stats() {
+    std::lock_guard<std::mutex> job(job_mutex_);
+    return stats_;
+  }
+
   static WorkQueue& instance() {
     static WorkQueue* queue = new WorkQueue;  // never destroyed: workers outlive static dtors
     return *queue;
@@ -53,6 +86,14 @@ class WorkQueue {
       for (int64_t i = 0; i < num_items; ++i) fn(i);
       return;
     }
+    const Mode how = mode();
+    if (how == Mode::kOpenMp || (how == Mode::kAuto && auto_on_openmp())) {
+      ++stats_.openmp_jobs;
+      const bool late = run_openmp(num_items, threads, fn);
+      if (how == Mode::kAuto) after_auto_openmp_job(late);
+      return;
+    }
+    ++stats_.own_jobs;
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -82,6 +123,72 @@ class WorkQueue {
 
  private:
   WorkQueue() = default;
+
+  // A wait at OpenMP's end barrier longer than this (and than twice the caller's longest item)
+  // means a team thread was late; then this many jobs run on our own workers.
+  static constexpr int64_t kLateWaitNs = 200 * 1000;
+  static constexpr int kOwnQueueCalls = 32;
+  static constexpr int kMaxOwnQueueCalls = 16384;  // doubled per late retry up to this
+
+  enum class Mode { kAuto, kOpenMp, kOwn };  // only auto's jobs move auto's state
+  static Mode mode() {
+    const char* env = std::getenv("W4K_QUEUE");  // read per call: tests switch it
+    if (env == nullptr || std::strcmp(env, "auto") == 0) return Mode::kAuto;
+    return std::strcmp(env, "omp") == 0 ? Mode::kOpenMp : Mode::kOwn;
+  }
+
+  // auto: whether this job runs on OpenMP (else a job of a stretch on our own workers).
+  // Called with job_mutex_ held, as after_auto_openmp_job.
+  bool auto_on_openmp() {
+    if (own_calls_left_ == 0) return true;
+    --own_calls_left_;
+    return false;
+  }
+  void after_auto_openmp_job(bool late) {
+    if (late) {
+      own_calls_left_ = own_calls_after_late_;
+      own_calls_after_late_ = std::min(2 * own_calls_after_late_, kMaxOwnQueueCalls);
+    } else {
+      own_calls_after_late_ = kOwnQueueCalls;
+    }
+  }
+
+  // The job on torch's OpenMP team: at::parallel_for over one index per thread, each claiming
+  // items from a counter; the caller is the team's master. Returns whether the caller waited
+  // for a late team thread at the region's end. Called with job_mutex_ held.
+  bool run_openmp(int64_t num_items, int threads, const std::function<void(int64_t)>& fn) {
+    using clock = std::chrono::steady_clock;
+    std::atomic<int64_t> next{0};
+    clock::time_point caller_done;
+    int64_t longest_item_ns = 0;
+    const int64_t test_late_us = [] {  // test hook: team threads other than the caller start late
+      const char* env = std::getenv("W4K_QUEUE_TEST_LATE_US");
+      return env ? std::atoll(env) : 0;
+    }();
+    const std::thread::id caller_id = std::this_thread::get_id();
+    // (Inside an enclosing parallel region at::parallel_for runs inline on the caller.)
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      const bool caller = std::this_thread::get_id() == caller_id;
+      if (!caller && test_late_us > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(test_late_us));
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+        const clock::time_point t0 = caller ? clock::now() : clock::time_point{};
+        fn(i);
+        if (caller)
+          longest_item_ns = std::max<int64_t>(
+              longest_item_ns,
+              std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+      }
+      if (caller) caller_done = clock::now();
+    });
+    const int64_t wait_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - caller_done).count();
+    // (The process's first region also starts the team's threads: not a late thread.)
+    const bool late =
+        stats_.openmp_jobs > 1 && wait_ns > std::max(kLateWaitNs, 2 * longest_item_ns);
+    stats_.late_openmp_jobs += late;
+    return late;
+  }
 
   void claim_items(uint64_t gen, int64_t num_items, const std::function<void(int64_t)>& fn) {
     for (;;) {
@@ -125,6 +232,9 @@ class WorkQueue {
     }
   }
 
+  int own_calls_left_ = 0;             // auto: jobs left to run on our own workers
+  int own_calls_after_late_ = kOwnQueueCalls;  // auto: the next late job's own-worker stretch
+  Stats stats_;                        // guarded by job_mutex_
   std::mutex job_mutex_;               // one job at a time
   std::mutex mutex_;                   // guards the job description below and workers_
   std::condition_variable wake_;

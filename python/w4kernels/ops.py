@@ -530,6 +530,18 @@ def dyn_quant_matmul_4bit(inp: torch.Tensor, packed_weights: torch.Tensor, block
                                                      in_features, out_features, isa)
 
 
+def cpu_thread_stats() -> dict:
+    """How the CPU Marlin / AWQ GEMMs' multi-threaded jobs ran so far in this process.
+
+    ``openmp``: jobs run on torch's OpenMP team; ``own``: on the library's own workers;
+    ``late_openmp``: OpenMP jobs whose calling thread waited at the region's end for a team
+    thread that started late or was preempted (each sends the next 32 jobs or more to the own
+    workers). ``W4K_QUEUE=auto|omp|own`` chooses (default auto; README "Threads").
+    """
+    openmp, own, late = torch.ops.w4kernels.cpu_thread_stats()
+    return {"openmp": openmp, "own": own, "late_openmp": late}
+
+
 def kleidiai_isa(isa: str = "auto") -> str:
     """The kernel path ``isa`` resolves to on this CPU (raises if the CPU lacks it)."""
     return torch.ops.w4kernels.kleidiai_isa(isa)
