@@ -248,9 +248,10 @@ W4K_A8_AVXVNNI __attribute__((noinline)) void tile_a8_avxvnni(
 }
 
 // Rows of tile_a8_avx2 / tile_a8_avxvnni per pass at 2+ rows (x 16 columns: 2 ymm per row).
-// vpmaddubsw: 4 x 2 accumulators + 2 x 2 weights + 2 x 4 broadcasts is about the 16 ymm; VNNI
-// needs no second quad: 6 x 2 accumulators + 2 weights + 1 broadcast.
-constexpr int kA8Avx2Rows = 4;
+// vpmaddubsw: 3 x 2 accumulators + 2 x 2 weights + the broadcasts and products fit the 16 ymm
+// (with 4 rows GCC 12 kept 7 accumulators on the stack; the two timed alike on a shared
+// machine); VNNI needs no second quad: 6 x 2 accumulators + 2 weights + 1 broadcast.
+constexpr int kA8Avx2Rows = 3;
 constexpr int kA8AvxVnniRows = 6;
 
 // One block of one chunk's panel for `rows` rows: one row takes all 64 columns at once (8
