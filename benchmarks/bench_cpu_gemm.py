@@ -27,8 +27,9 @@ rows the ratio to the fastest competitor of the same arithmetic (>1: we are fast
 ``x kai``, KleidiAI's ms / ours (the issue's bar for the mode). Then the dispatch rule: the
 smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
 
-``--isa avx2,scalar`` adds ``awq_gemm`` and ``w4a16`` rows run with ``W4K_CPU_ISA`` capped to
-each value (the AVX2 paths and the portable code on this machine), timed in the same run.
+``--isa avx2,scalar`` adds ``awq_gemm``, ``w4a16`` and int8-mode (``w4a8``, ``awq_gemm_a8``) rows
+run with ``W4K_CPU_ISA`` capped to each value (the AVX2 paths and the portable code on this
+machine), timed in the same run.
 
 ``--background-load P`` times every point a second time while P processes spin on the cores
 and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
@@ -442,9 +443,9 @@ def main(argv=None):
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also time every point while P busy processes run; print slowdowns")
     ap.add_argument("--isa", default="", metavar="LIST",
-                    help="also time awq_gemm and w4a16 with W4K_CPU_ISA set to each of these "
-                         "(e.g. avx2,scalar): rows 'awq_gemm bf16 @avx2', 'w4a16 gptq bf16 "
-                         "@avx2', ... in the same run")
+                    help="also time awq_gemm, w4a16 and the int8 mode (w4a8, awq_gemm_a8) with "
+                         "W4K_CPU_ISA set to each of these (e.g. avx2,scalar): rows 'awq_gemm "
+                         "bf16 @avx2', 'w4a8 gptq bf16 @avx2', ... in the same run")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -455,8 +456,7 @@ def main(argv=None):
     names = [s for s in args.methods.split(",") if s]
     for isa in [v for v in args.isa.split(",") if v]:
         for base in [s for s in names
-                     if s.startswith(("awq_gemm", "w4a16")) and " @" not in s
-                     and s not in INT8_MODE]:
+                     if (s.startswith(("awq_gemm", "w4a16")) or s in INT8_MODE) and " @" not in s]:
             METHODS[f"{base} @{isa}"] = METHODS[base]
             names.append(f"{base} @{isa}")
     if not ort_available():
@@ -520,7 +520,7 @@ def main(argv=None):
                     if ts:
                         best = f"{min(ts) / t:.2f}"
                 kai = "-"
-                if name in INT8_MODE and (n, k, "kleidiai int8", m) in results:
+                if name.split(" @")[0] in INT8_MODE and (n, k, "kleidiai int8", m) in results:
                     kai = f"{results[(n, k, 'kleidiai int8', m)] / t:.2f}"
                 line = (f"{m:>4} {name:<22} {t * 1e3:9.3f} {wb / t / 1e9:7.1f} "
                         f"{100 * wb / t / bw:4.0f}% {flops / 1e9:8.1f} {pk:>6} {best:>7} {kai:>6}")

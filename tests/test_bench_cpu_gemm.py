@@ -46,13 +46,18 @@ def test_bench_cpu_gemm_background_load_prints_slowdowns():
 
 
 def test_bench_cpu_gemm_isa_adds_capped_rows():
-    """--isa adds awq_gemm and w4a16 rows run with W4K_CPU_ISA capped, in the same table."""
-    stdout = _bench("--isa", "avx2", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16")
-    names = {" ".join(line.split()[1:-7]) for line in stdout.splitlines()
-             if line[:4].strip() in ("1", "16")}
-    assert {"awq_gemm bf16 @avx2", "w4a16 gptq bf16 @avx2"} <= names, stdout
-    # the int8-mode rows are not multiplied by --isa (no AVX2 path of their own yet)
-    assert not any("a8" in n and "@" in n for n in names), stdout
+    """--isa adds awq_gemm, w4a16 and int8-mode rows run with W4K_CPU_ISA capped, in the same
+    table; the int8-mode rows keep their ratio to KleidiAI (x kai)."""
+    stdout = _bench("--isa", "avx2", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16,"
+                    "w4a8 gptq bf16,awq_gemm_a8 bf16,kleidiai int8")
+    rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
+    names = {" ".join(r[1:-7]) for r in rows}
+    assert {"awq_gemm bf16 @avx2", "w4a16 gptq bf16 @avx2", "w4a8 gptq bf16 @avx2",
+            "awq_gemm_a8 bf16 @avx2"} <= names, stdout
+    assert not any("kleidiai" in n and "@" in n for n in names), stdout
+    for r in rows:
+        if " ".join(r[1:-7]) in ("w4a8 gptq bf16 @avx2", "awq_gemm_a8 bf16 @avx2"):
+            assert r[-1] != "-", stdout  # x kai
 
 
 def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():

@@ -1,8 +1,9 @@
 // CPU bindings of the int8-activation mode: w4a8_gemm (Marlin-format weights, the tensors of
 // w4a16_gemm) and awq_gemm_a8 (AutoAWQ qweight / scales / qzeros, as awq_gemm). Checks
 // (w4a8_checks.h), the per-call activation quantization and the work split on the w4a16 work
-// queue; the kernel is torch-free: cpu/w4a8_gemm_kernel.h (scheme, portable path) and
-// cpu/w4a8_gemm_avx512.h. CPU only: the CUDA key gets an error that says so.
+// queue; the kernel is torch-free: cpu/w4a8_gemm_kernel.h (scheme, portable path),
+// cpu/w4a8_gemm_avx512.h and cpu/w4a8_gemm_avx2.h. CPU only: the CUDA key gets an error that
+// says so.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads
 #include <torch/library.h>
@@ -12,6 +13,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_work_queue.h"
+#include "cpu/w4a8_gemm_avx2.h"
 #include "cpu/w4a8_gemm_avx512.h"
 #include "cpu/w4a8_gemm_kernel.h"
 #include "w4a8_checks.h"
@@ -25,7 +27,15 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   const int64_t size_m = p.size_m, size_n = p.size_n, size_k = p.size_k;
   at::Tensor out = at::empty({size_m, size_n}, a.options());
   if (size_m == 0) return out;
-  const bool avx512 = cpu_isa() == Isa::kAvx512 && cpu::a8_avx512_supported(p.format);
+  // AVX-512 VNNI (AWQ: + VBMI); else AVX2 (+ AVX-VNNI where the CPU has it; also AWQ on an
+  // AVX-512 VNNI CPU without VBMI); else the portable loop. All give the same bits.
+  const Isa isa = cpu_isa();
+  const bool avx512 = isa == Isa::kAvx512 && cpu::a8_avx512_supported(p.format);
+  const bool avx2 = !avx512 && isa >= Isa::kAvx2 && cpu::a8_avx2_supported();
+  const bool avxvnni = avx2 && cpu::a8_avx2_use_vnni();
+  const cpu::A8Simd simd = avx512 ? cpu::A8Simd::kAvx512
+                           : avx2 ? cpu::A8Simd::kAvx2
+                                  : cpu::A8Simd::kNone;
   const int threads = static_cast<int>(at::get_num_threads());
   p.num_blocks = size_k / p.block;
   // Row stride K + 64: K a multiple of 1024 would put the 6 rows of a tile in the same L1 sets.
@@ -61,7 +71,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
     if (static_cast<int64_t>(scratch.size()) < size_k) scratch.resize(size_k);
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_prep);
     for (int64_t m = item * rows_per_prep; m < m1; ++m)
-      cpu::quantize_a8_row(p, a_bits + m * lda, perm, avx512,
+      cpu::quantize_a8_row(p, a_bits + m * lda, perm, simd,
                            const_cast<int8_t*>(p.qa) + m * p.lda_q,
                            const_cast<float*>(p.sa) + m * p.num_blocks,
                            const_cast<int32_t*>(p.sumqa) + m * p.num_blocks, scratch.data());
@@ -103,6 +113,14 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
 #ifdef W4K_HAVE_A8_AVX512
     if (avx512) {
       cpu::w4a8_chunks_avx512(p, ch0, ch1, m0, m1);
+      return;
+    }
+    if (avxvnni) {
+      cpu::w4a8_chunks_avx2<true>(p, ch0, ch1, m0, m1);
+      return;
+    }
+    if (avx2) {
+      cpu::w4a8_chunks_avx2<false>(p, ch0, ch1, m0, m1);
       return;
     }
 #endif

@@ -12,8 +12,9 @@
 //     acc = fma(float(isum), t, acc)          (b = 0, 1, ... ascending; acc starts at +0)
 //     y = acc + bias[n]                       (fp32 add, only with a bias)
 //     out = T(y)                              (one rounding to the activation dtype T)
-// so the AVX-512 path and the portable path give the same bits (integer sums are exact in any
-// order), with any thread count (every output is produced by one work item).
+// so the AVX-512 path, the AVX2 path (cpu/w4a8_gemm_avx2.h) and the portable path give the same
+// bits (integer sums are exact in any order), with any thread count (every output is produced
+// by one work item).
 //
 // The block is the weight group when the group is <= 128 rows (32, 64, 128), else the largest
 // of 128, 64, 32, 16 that divides it (per channel: the group is K). 128 keeps the per-block
@@ -210,12 +211,55 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void quantize_block_
   *sumqa = _mm512_reduce_add_epi32(sum);
 }
 #pragma GCC diagnostic pop
+
+// The same in AVX2: the same absmax bits, the same IEEE division and round-to-nearest-even
+// (vcvtps2dq under the default MXCSR rounding, as nearbyint), so the same qa, sa and sum.
+__attribute__((target("avx2"))) inline void quantize_block_avx2(const float* x, int64_t n,
+                                                                int8_t* qa, float* sa,
+                                                                int32_t* sumqa) {
+  // n is a multiple of 16
+  __m256i amax = _mm256_setzero_si256();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  for (int64_t i = 0; i < n; i += 8)
+    amax = _mm256_max_epu32(amax, _mm256_and_si256(
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
+                                      abs_mask));
+  __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(amax), _mm256_extracti128_si256(amax, 1));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xb1));
+  const float s = f32_from_bits(static_cast<uint32_t>(_mm_cvtsi128_si32(m4))) / 127.0f;
+  const bool ok = std::isfinite(s) && s != 0.0f;
+  __m256i sum = _mm256_setzero_si256();
+  const __m256 sv = _mm256_set1_ps(s);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m256i q0 = _mm256_setzero_si256(), q1 = _mm256_setzero_si256();
+    if (ok) {
+      q0 = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i), sv));
+      q1 = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), sv));
+    }
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(q0, q1));
+    // int32 -> int8 in order (values in [-127, 127]: the saturating packs are exact)
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qa + i),
+                     _mm_packs_epi16(_mm256_castsi256_si128(w16),
+                                     _mm256_extracti128_si256(w16, 1)));
+  }
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  *sa = s;
+  *sumqa = _mm_cvtsi128_si32(s4);
+}
 #endif
+
+// Vector width of the activation quantization (the binding picks it with the kernel path).
+enum class A8Simd { kNone, kAvx2, kAvx512 };
 
 // One activation row (half bits, row a_row; act-order: column r of the weight takes a[perm[r]])
 // -> qa in the kernel's k order, sa and sumqa per block. scratch: size_k floats.
 inline void quantize_a8_row(const W4a8Problem& p, const uint16_t* a_row, const int32_t* perm,
-                            bool avx512, int8_t* qa, float* sa, int32_t* sumqa, float* scratch) {
+                            A8Simd simd, int8_t* qa, float* sa, int32_t* sumqa,
+                            float* scratch) {
   for (int64_t kq = 0; kq < p.size_k; ++kq) {
     const int64_t r = a8_source_row(p.format, kq);
     scratch[kq] = half_bits_to_float(a_row[perm ? perm[r] : r], p.type);
@@ -223,12 +267,16 @@ inline void quantize_a8_row(const W4a8Problem& p, const uint16_t* a_row, const i
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block;
 #ifdef W4K_HAVE_A8_AVX512
-    if (avx512) {
+    if (simd == A8Simd::kAvx512) {
       quantize_block_avx512(scratch + k0, p.block, qa + k0, sa + b, sumqa + b);
       continue;
     }
+    if (simd == A8Simd::kAvx2) {
+      quantize_block_avx2(scratch + k0, p.block, qa + k0, sa + b, sumqa + b);
+      continue;
+    }
 #endif
-    (void)avx512;
+    (void)simd;
     quantize_block_scalar(scratch + k0, p.block, qa + k0, sa + b, sumqa + b);
   }
 }
