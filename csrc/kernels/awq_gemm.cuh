@@ -396,10 +396,19 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
     tile_off = C::kTileK - tile_g * group_size;
   }
 
+  // The A source pointers lag the fetched tile by `ahead` k-tiles (a constant in the unrolled
+  // loops below, so that each copy's source is a pointer plus an immediate); advance_a moves
+  // them on by the tiles a pass fetched.
+  auto advance_a = [&](int tiles) {
+#pragma unroll
+    for (int v = 0; v < C::kAVisits; ++v) a_gl_rd[v] += tiles * C::kTileK;
+  };
+
   // Issues the copies of the next k-tile into pipeline slot `slot` (a constant once the main
   // loop is unrolled over the slots: every shared address is a register plus an immediate) if
-  // `valid`, then commits a group (an empty one past the split's end).
-  auto fetch = [&](int slot, bool valid) {
+  // `valid`, then commits a group (an empty one past the split's end). The tile's A columns
+  // start `ahead` k-tiles past a_gl_rd (see advance_a).
+  auto fetch = [&](int slot, int ahead, bool valid) {
     if (valid) {
       char* const st = sh_bytes + slot * C::kStageBytes;
 #pragma unroll
@@ -422,9 +431,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
           for (int j = 0; j < C::kACpt; ++j)
             ptx::cp_async16_cg_zfill(
                 st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
-                a_gl_rd[v] + 8 * j * C::kATpr,
+                a_gl_rd[v] + ahead * C::kTileK + 8 * j * C::kATpr,
                 a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
-          a_gl_rd[v] += C::kTileK;
         }
       }
       a_k_left -= C::kTileK;
@@ -531,7 +539,8 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 
   // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) fetch(s, s < num_tiles);
+  for (int s = 0; s < C::kStages - 1; ++s) fetch(s, s, s < num_tiles);
+  advance_a(C::kStages - 1);
 
   // Tile i sits in slot i % kStages; the loop is unrolled over the slots so that every slot
   // offset is an immediate, and counts the tiles left down so that both tests below compare it
@@ -539,12 +548,13 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   for (int tiles_left = num_tiles; tiles_left > 0; tiles_left -= C::kStages) {
 #pragma unroll
     for (int u = 0; u < C::kStages; ++u) {
-      if (u >= tiles_left) break;
       ptx::cp_async_wait_group<C::kStages - 2>();
       __syncthreads();  // tile u visible to all; the slot fetch reuses (read at u - 1) free
-      fetch((u + C::kStages - 1) % C::kStages, u + C::kStages - 1 < tiles_left);
+      fetch((u + C::kStages - 1) % C::kStages, u, u + C::kStages - 1 < tiles_left);
       compute(u);
+      if (u + 1 < C::kStages && u + 1 >= tiles_left) break;
     }
+    advance_a(C::kStages);
   }
   ptx::cp_async_wait_all();  // nothing in flight when the block exits
 

@@ -409,13 +409,20 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
   // Issues the copies of the next stage into shared offset `st` (one commit group per call, an
   // empty one past the split's end, so "kStages - 2 groups pending" means "stage i landed").
   // Rows past K, M or N are zero-filled, so a partial last stage needs no special compute.
+  // Up to 48 rows the A source pointer lags the fetched stage by `ahead` stages (a constant in
+  // the unrolled loops below, so that the copies' sources are a pointer plus an immediate) and
+  // moves on once per pass over the slots (advance_a): 1-2 instructions per stage fewer. At 64
+  // rows (255 registers) it moves on every stage, which ptxas schedules better there.
+  constexpr int kALag = kMBlocks < 4 ? 1 : 0;
+  auto advance_a = [&](int stages) { a_gl_rd += kALag * stages * kStageK; };
   int stages_left = num_stages;
-  auto fetch = [&](int st) {
+  auto fetch = [&](int st, int ahead) {
     if (stages_left > 0) {
       char* s = smem + st;
 #pragma unroll
       for (int i = 0; i < kMBlocks; ++i) {
-        ptx::cp_async16_cg_zfill(s + a_sh_wr + i * 16 * kARowBytes, a_gl_rd + i * a_gl_rd_delta_i,
+        ptx::cp_async16_cg_zfill(s + a_sh_wr + i * 16 * kARowBytes,
+                                 a_gl_rd + kALag * ahead * kStageK + i * a_gl_rd_delta_i,
                                  a_col_threshold[i] < k_left);
       }
       ptx::cp_async16_cg_zfill_hint(s + b_sh_wr, b_gl_rd, b_kt_row < k_left, evict_first);
@@ -433,7 +440,7 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
         }
         g_row += kStageK;
       }
-      a_gl_rd += kStageK;
+      if (!kALag) a_gl_rd += kStageK;
       b_gl_rd += b_gl_rd_delta_stage;
       k_left -= kStageK;
       --stages_left;
@@ -495,7 +502,8 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
     }
   };
 #pragma unroll
-  for (int u = 0; u < kStages - 1; ++u) fetch(u * L::kBytes);
+  for (int u = 0; u < kStages - 1; ++u) fetch(u * L::kBytes, u);
+  advance_a(kStages - 1);
   for (int i0 = 0; i0 < num_stages; i0 += kStages) {
 #pragma unroll
     for (int u = 0; u < kStages; ++u) {
@@ -503,9 +511,10 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
       ptx::cp_async_wait_group<kStages - 2>();
       // Stage i0 + u is visible to all, and everyone is done with the slot the fetch reuses.
       block_sync();
-      fetch(((u + kStages - 1) % kStages) * L::kBytes);
+      fetch(((u + kStages - 1) % kStages) * L::kBytes, u);
       compute(smem + u * L::kBytes);
     }
+    advance_a(kStages);
   }
   ptx::cp_async_wait_all();
   block_sync();  // the pipeline memory becomes the reduction buffer
