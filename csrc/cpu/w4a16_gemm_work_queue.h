@@ -28,12 +28,14 @@
 // machine every job runs on OpenMP; under lasting load late jobs become rare (one per
 // kMaxOwnQueueCalls jobs), and a passing burst of load costs a few short stretches.
 //
-// Our own idle workers poll for the next job for W4K_QUEUE_SPIN_US (default 200 us, yielding
-// the core every few hundred pauses), then sleep on a condition variable: back-to-back calls
-// find them awake (a futex wake-up cost ~4 us per call at M = 1 on this 2-vCPU VM), and between
-// bursts they burn nothing. The poll never delays the caller: it only decides how soon a worker
-// joins. The counter carries the job's generation in its high 32 bits, so a late worker can
-// never claim an item of a later job with the previous job's function.
+// Our own idle workers sleep on a condition variable as soon as a job ends. They are auto's
+// workers for a loaded machine, where a worker that polls for the next job competes for a core
+// with the very threads that load it: polling 200 us between jobs (yielding every few hundred
+// pauses), 11008 x 4096 at M = 4 slowed down 3.4x under two busy processes and 4096 x 4096 at
+// M = 1 3.3x, sleeping workers 2.0-2.5x and 0.8x (torch's F.linear 2.3-2.5x; README "Threads").
+// W4K_QUEUE_SPIN_US sets a poll for forced `own` on a quiet machine (a futex wake-up costs ~4 us
+// per job there). The counter carries the job's generation in its high 32 bits, so a late
+// worker can never claim an item of a later job with the previous job's function.
 //
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
@@ -208,11 +210,10 @@ class WorkQueue {
       uint64_t gen;
       int64_t num_items;
       const std::function<void(int64_t)>* fn;
-      // Poll a while before sleeping: back-to-back calls (the layers of a decode step) then
-      // find this worker awake. A sleeping worker costs a wake-up per call, which on this VM
-      // took longer than an M = 1 call's whole work (the second thread did nothing).
+      // W4K_QUEUE_SPIN_US > 0: poll a while before sleeping (back-to-back jobs then find this
+      // worker awake; see the header comment for why the default is 0).
       const auto spin_end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
-      for (int i = 0; published_.load(std::memory_order_acquire) == seen; ++i) {
+      for (int i = 0; spin_ns > 0 && published_.load(std::memory_order_acquire) == seen; ++i) {
 #if defined(__x86_64__)
         _mm_pause();
 #endif
@@ -249,7 +250,7 @@ class WorkQueue {
   // How long an idle worker polls for the next job before it sleeps (W4K_QUEUE_SPIN_US).
   const int64_t spin_ns_ = [] {
     const char* env = std::getenv("W4K_QUEUE_SPIN_US");
-    return (env ? std::atoll(env) : 200) * 1000;
+    return (env ? std::atoll(env) : 0) * 1000;
   }();
 };
 
