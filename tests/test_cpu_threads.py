@@ -107,13 +107,49 @@ def test_auto_leaves_openmp_after_a_late_team_thread():
         assert all(golden.same_bits(r, expected) for r in [late] + after)
         print("OK")
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("W4K_QUEUE")}
+    _run_fresh(script, {})
+
+
+def _run_fresh(script, extra_env):
+    """Runs `script` in a new Python process (auto's state is per process), libgomp's wait
+    policy left at its default unless extra_env sets it."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("W4K_QUEUE") and k != "OMP_WAIT_POLICY"}
+    env.update(extra_env)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     if out.stdout.strip() == "SKIP":
         pytest.skip("torch runs one thread here, so every job runs inline on the caller")
     assert out.stdout.strip().endswith("OK"), out.stdout
+
+
+def test_auto_uses_own_workers_under_passive_openmp():
+    """OMP_WAIT_POLICY=passive: OpenMP's threads sleep after every region, so auto runs every
+    job on the own workers (same bits as forced OpenMP)."""
+    script = textwrap.dedent(f"""
+        import os, sys, torch
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        torch.set_num_threads(2)
+        if torch.get_num_threads() < 2:
+            print("SKIP"); sys.exit(0)
+        import golden
+        from conftest import backend_or_skip
+        from test_w4a16_gemm import OP, call, make_case
+        from w4kernels import ops
+        b = backend_or_skip("cpu", OP)
+        case = make_case(1, 4096, 1024, 128, torch.bfloat16, zp=True, seed=3)
+        os.environ["W4K_QUEUE"] = "omp"
+        expected = call(b, case)
+        os.environ["W4K_QUEUE"] = "auto"
+        s0 = ops.cpu_thread_stats()
+        out = [call(b, case) for _ in range(3)]
+        s1 = ops.cpu_thread_stats()
+        assert s1["openmp"] == s0["openmp"] and s1["own"] > s0["own"], (s0, s1)
+        assert all(golden.same_bits(r, expected) for r in out)
+        print("OK")
+    """)
+    _run_fresh(script, {"OMP_WAIT_POLICY": "PASSIVE"})
 
 
 def test_late_openmp_job_gives_the_same_bits(monkeypatch, two_threads):

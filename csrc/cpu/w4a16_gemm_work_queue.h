@@ -20,7 +20,8 @@
 //   never waits for a thread that has not started, and with every worker descheduled the call
 //   degrades to the single-threaded time.
 //
-// auto: OpenMP while it is punctual. The caller measures how long it waited at the region's
+// auto: the own workers under OMP_WAIT_POLICY=passive (no spinning team thread to use, and a
+// wake-up per OpenMP region); otherwise OpenMP while it is punctual. The caller measures how long it waited at the region's
 // end barrier after its own last item; a wait longer than kLateWaitNs and twice the longest
 // item it ran itself can only be a team thread that started late or was preempted mid-item, so
 // the next kOwnQueueCalls jobs run on our own workers, then OpenMP is tried again; each late
@@ -54,6 +55,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <strings.h>  // strcasecmp
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -142,6 +145,14 @@ class WorkQueue {
   // auto: whether this job runs on OpenMP (else a job of a stretch on our own workers).
   // Called with job_mutex_ held, as after_auto_openmp_job.
   bool auto_on_openmp() {
+    // OMP_WAIT_POLICY=passive: the team's threads sleep after every region, so a job on
+    // OpenMP pays a wake-up and there is no spinning thread to compete with (M = 1, 4096 x
+    // 4096: 0.41 ms on OpenMP, 0.35 on the own workers).
+    static const bool passive = [] {
+      const char* env = std::getenv("OMP_WAIT_POLICY");
+      return env != nullptr && strcasecmp(env, "passive") == 0;
+    }();
+    if (passive) return false;
     if (own_calls_left_ == 0) return true;
     --own_calls_left_;
     return false;
