@@ -21,22 +21,23 @@
 //   degrades to the single-threaded time.
 //
 // auto: the own workers under OMP_WAIT_POLICY=passive (no spinning team thread to use, and a
-// wake-up per OpenMP region); otherwise OpenMP while it is punctual. The caller measures how long it waited at the region's
-// end barrier after its own last item; a wait longer than kLateWaitNs and twice the longest
-// item it ran itself can only be a team thread that started late or was preempted mid-item, so
-// the next kOwnQueueCalls jobs run on our own workers, then OpenMP is tried again; each late
-// retry doubles the stretch (up to kMaxOwnQueueCalls), a punctual job resets it. On a quiet
-// machine every job runs on OpenMP; under lasting load late jobs become rare (one per
-// kMaxOwnQueueCalls jobs), and a passing burst of load costs a few short stretches.
+// wake-up per OpenMP region); otherwise OpenMP while it is punctual. The caller measures how
+// long it waited at the region's end barrier after its own last item; a wait longer than
+// kLateWaitNs and twice the longest item it ran itself can only be a team thread that started
+// late or was preempted mid-item, so the next kOwnQueueCalls jobs run on our own workers, then
+// OpenMP is tried again; each late retry doubles the stretch (up to kMaxOwnQueueCalls), a
+// punctual job resets it. On a quiet machine every job runs on OpenMP; under lasting load late
+// jobs become rare (one per kMaxOwnQueueCalls jobs), and a passing burst of load costs a few
+// short stretches.
 //
-// Our own idle workers sleep on a condition variable as soon as a job ends. They are auto's
-// workers for a loaded machine, where a worker that polls for the next job competes for a core
-// with the very threads that load it: polling 200 us between jobs (yielding every few hundred
-// pauses), 11008 x 4096 at M = 4 slowed down 3.4x under two busy processes and 4096 x 4096 at
-// M = 1 3.3x, sleeping workers 2.0-2.5x and 0.8x (torch's F.linear 2.3-2.5x; README "Threads").
-// W4K_QUEUE_SPIN_US sets a poll for forced `own` on a quiet machine (a futex wake-up costs ~4 us
-// per job there). The counter carries the job's generation in its high 32 bits, so a late
-// worker can never claim an item of a later job with the previous job's function.
+// Our own idle workers poll for the next job for W4K_QUEUE_SPIN_US (default 200 us, yielding
+// the core every few hundred pauses), then sleep on a condition variable: back-to-back calls
+// find them awake (a sleeping worker's vCPU idles, and waking it costs more than the poll), and
+// between bursts they burn nothing. The poll does not hurt under load either: interleaved in
+// one process under two busy processes, polling and sleeping workers slowed 11008 x 4096 at
+// M = 4 down alike (1.9x), and at 4096 x 4096 the sleeping ones more (M = 1: 1.2x vs 1.0x;
+// M = 4: 1.8x vs 1.1x). The counter carries the job's generation in its high 32 bits, so a
+// late worker can never claim an item of a later job with the previous job's function.
 //
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
@@ -221,10 +222,10 @@ class WorkQueue {
       uint64_t gen;
       int64_t num_items;
       const std::function<void(int64_t)>* fn;
-      // W4K_QUEUE_SPIN_US > 0: poll a while before sleeping (back-to-back jobs then find this
-      // worker awake; see the header comment for why the default is 0).
+      // Poll a while before sleeping: back-to-back calls (the layers of a decode step) then
+      // find this worker awake.
       const auto spin_end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
-      for (int i = 0; spin_ns > 0 && published_.load(std::memory_order_acquire) == seen; ++i) {
+      for (int i = 0; published_.load(std::memory_order_acquire) == seen; ++i) {
 #if defined(__x86_64__)
         _mm_pause();
 #endif
@@ -261,7 +262,7 @@ class WorkQueue {
   // How long an idle worker polls for the next job before it sleeps (W4K_QUEUE_SPIN_US).
   const int64_t spin_ns_ = [] {
     const char* env = std::getenv("W4K_QUEUE_SPIN_US");
-    return (env ? std::atoll(env) : 0) * 1000;
+    return (env ? std::atoll(env) : 200) * 1000;
   }();
 };
 
