@@ -48,3 +48,15 @@ def backend_or_skip(name: str, op: str) -> Backend:
     if not b.has(op):
         pytest.skip(f"{name} backend has no kernel for {op}")
     return b
+
+
+def cpu_flags() -> set:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

@@ -75,22 +75,28 @@ def test_openmp_and_own_workers_same_bits(monkeypatch, two_threads, dtype, m):
         assert golden.same_bits(results["own"][name], results["auto"][name]), name
 
 
+# The start of the scripts the tests below run in a fresh process (auto's state is per
+# process): two threads (else "SKIP"), the imports and a w4a16_gemm case of 8 work items.
+_FRESH_PREAMBLE = textwrap.dedent(f"""
+    import os, sys, torch
+    sys.path.insert(0, {os.path.dirname(__file__)!r})
+    torch.set_num_threads(2)
+    if torch.get_num_threads() < 2:
+        print("SKIP"); sys.exit(0)
+    import golden
+    from conftest import backend_or_skip
+    from test_w4a16_gemm import OP, call, make_case
+    from w4kernels import ops
+    b = backend_or_skip("cpu", OP)
+    case = make_case(1, 4096, 1024, 128, torch.bfloat16, zp=True, seed=3)
+""")
+
+
 def test_auto_leaves_openmp_after_a_late_team_thread():
     """A fresh process (auto's state is per process): with the test hook making the OpenMP team
     thread start 20 ms late, the caller does every item, waits at the region's end, counts the
     job late and runs the following jobs on its own workers, with the same results."""
-    script = textwrap.dedent(f"""
-        import os, sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        torch.set_num_threads(2)
-        if torch.get_num_threads() < 2:
-            print("SKIP"); sys.exit(0)
-        import golden
-        from conftest import backend_or_skip
-        from test_w4a16_gemm import OP, call, make_case
-        from w4kernels import ops
-        b = backend_or_skip("cpu", OP)
-        case = make_case(1, 4096, 1024, 128, torch.bfloat16, zp=True, seed=3)  # 8 items
+    script = _FRESH_PREAMBLE + textwrap.dedent("""
         os.environ["W4K_QUEUE"] = "omp"  # forced modes leave auto's state alone
         expected = call(b, case)  # the team's first jobs (its threads start)
         call(b, case)
@@ -127,18 +133,7 @@ def _run_fresh(script, extra_env):
 def test_auto_uses_own_workers_under_passive_openmp():
     """OMP_WAIT_POLICY=passive: OpenMP's threads sleep after every region, so auto runs every
     job on the own workers (same bits as forced OpenMP)."""
-    script = textwrap.dedent(f"""
-        import os, sys, torch
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        torch.set_num_threads(2)
-        if torch.get_num_threads() < 2:
-            print("SKIP"); sys.exit(0)
-        import golden
-        from conftest import backend_or_skip
-        from test_w4a16_gemm import OP, call, make_case
-        from w4kernels import ops
-        b = backend_or_skip("cpu", OP)
-        case = make_case(1, 4096, 1024, 128, torch.bfloat16, zp=True, seed=3)
+    script = _FRESH_PREAMBLE + textwrap.dedent("""
         os.environ["W4K_QUEUE"] = "omp"
         expected = call(b, case)
         os.environ["W4K_QUEUE"] = "auto"

@@ -14,24 +14,14 @@ import time
 import pytest
 import torch
 
+from conftest import cpu_flags
 from test_int8_act import BF, FP, awq_case, cpu_isa, marlin_case, threads
 from w4kernels import ops
 
 M_SWEEP = [1, 3, 4, 7, 16, 33, 300]
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-FLAGS = _cpu_flags()
+FLAGS = cpu_flags()
 needs_avx2 = pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= FLAGS,
                                 reason="the AVX2 path needs the avx2, fma and f16c CPU flags")
 

@@ -14,23 +14,12 @@ import pytest
 import torch
 
 import golden
-from conftest import backend_or_skip
+from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 pytestmark = pytest.mark.skipif(
-    not {"avx2", "fma", "f16c"} <= _cpu_flags(),
+    not {"avx2", "fma", "f16c"} <= cpu_flags(),
     reason="this CPU lacks AVX2 + FMA + F16C: W4K_CPU_ISA=avx2 would run the portable path")
 
 
