@@ -36,9 +36,11 @@ namespace w4k::cpu {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The lookup tables of one chunk and group: tbl[(2c + b2) * 64 + 16j + q] = bits of the half
-// type of (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the
-// epilogue). Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position
+// The lookup tables of one chunk and group: bf16: tbl[(2c + b2) * 64 + 16j + q] = the bf16
+// bits of (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the
+// epilogue); fp16: tbl[(2c + b2) * 128 + 16j + q] and tbl[(2c + b2) * 128 + 64 + 16j + q] = the
+// high and low 16 bits of the fp32 encoding of that value rounded to fp16 (kPairTable entries
+// per chunk and group). Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position
 // 8(n % 8) + n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble
 // 4*b2 + j. The rounding is vcvtneps2bf16 (round to nearest even; a subnormal result is
 // flushed to zero, as vdpbf16ps would flush it when multiplying); fp16 tables (kFp16) round
@@ -47,6 +49,9 @@ namespace w4k::cpu {
 // Cost: this runs once per chunk and group (1024 entries for 64 x group_size weights), so at
 // group 128 it is one entry per 8 weights: the per-column s and z * s are formed for all 64
 // columns at once (in table order), then each 16 entries are one fma from broadcasts.
+template <bool kFp16>
+constexpr int64_t kPairTable = kFp16 ? 2048 : 1024;
+
 template <bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
@@ -85,12 +90,29 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
     for (int j = 0; j < 4; ++j)
       w[j] = _mm512_fmsub_ps(code, _mm512_set1_ps(s_tab[4 * cb + j]),
                              _mm512_set1_ps(zs_tab[4 * cb + j]));
-    uint16_t* t = tbl + cb * 64;
     if constexpr (kFp16) {
+      // The value rounded to fp16 and widened back (exact), split into the high and low 16
+      // bits of its fp32 encoding: entry 16j + q of the high table is the high half of w[j][q]
+      // (16-bit element 2q + 1 of w[j]), of the low table the low half (element 2q).
       constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      __m512i bits[4];
       for (int j = 0; j < 4; ++j)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * j), _mm512_cvtps_ph(w[j], kRne));
+        bits[j] = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph(w[j], kRne)));
+      const __m512i odd = _mm512_add_epi16(
+          _mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19,
+                                             18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                             4, 3, 2, 1, 0), 1),
+          _mm512_set1_epi16(1));
+      const __m512i even = _mm512_sub_epi16(odd, _mm512_set1_epi16(1));
+      uint16_t* t = tbl + cb * 128;
+      for (int jj = 0; jj < 2; ++jj) {
+        _mm512_storeu_si512(t + 32 * jj,
+                            _mm512_permutex2var_epi16(bits[2 * jj], odd, bits[2 * jj + 1]));
+        _mm512_storeu_si512(t + 64 + 32 * jj,
+                            _mm512_permutex2var_epi16(bits[2 * jj], even, bits[2 * jj + 1]));
+      }
     } else {  // vcvtne2ps2bf16(a, b): b's 16 values in the low half, a's in the high half
+      uint16_t* t = tbl + cb * 64;
       _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
       _mm512_storeu_si512(t + 32, (__m512i)_mm512_cvtne2ps_pbh(w[3], w[2]));
     }
@@ -114,35 +136,36 @@ __attribute__((target("avx512f"))) inline void build_a_pairs_avx512(
     }
 }
 
-// fp16: the decoded 16-bit weights are widened by vcvtph2ps, lower and upper 256 bits (u = 0,
-// 1): element e of the result is the low (e even) or high half of dword lane 8u + e / 2, i.e.
-// row 2t + 8h + e % 2 with t = 2u + e / 8. a_pairs[((kt - kt0) * rows + i) * 4 + 2h + u] holds
-// those fp32 activations (one vpermps of the tile each).
+// fp16: the weights of lane (t, j) come as fp32 from vpunpck{l,h}wd of the low- and high-half
+// lookups: element i of the unpacked vector u (0: columns j = 0, 1; 1: j = 2, 3) is 16-bit
+// element 8(i / 4) + i % 4 (+ 4 for u = 1) of the lookup, i.e. t = i / 4, j = 2u + (i % 4) / 2,
+// row 2t + 8h + i % 2. a_pairs[((kt - kt0) * rows + i) * 2 + h] holds those fp32 activations
+// (the same for both u; one vpermps of the tile each).
 __attribute__((target("avx512f"))) inline void build_a_fp32_avx512(
     const float* a, int64_t lda, int64_t rows, int64_t kt0, int64_t kt1, __m512i* a_pairs) {
-  __m512i idx[4];
-  for (int hu = 0; hu < 4; ++hu) {
+  __m512i idx[2];
+  for (int h = 0; h < 2; ++h) {
     int v[16];
-    for (int e = 0; e < 16; ++e) v[e] = 2 * (2 * (hu % 2) + e / 8) + 8 * (hu / 2) + e % 2;
-    idx[hu] = _mm512_loadu_si512(v);
+    for (int i = 0; i < 16; ++i) v[i] = 2 * (i / 4) + 8 * h + i % 2;
+    idx[h] = _mm512_loadu_si512(v);
   }
   for (int64_t kt = kt0; kt < kt1; ++kt)
     for (int64_t i = 0; i < rows; ++i) {
       const __m512 a_tile = _mm512_loadu_ps(a + i * lda + 16 * kt);
-      for (int hu = 0; hu < 4; ++hu)
-        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 4 + hu,
-                            _mm512_castps_si512(_mm512_permutexvar_ps(idx[hu], a_tile)));
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_si512(a_pairs + ((kt - kt0) * rows + i) * 2 + h,
+                            _mm512_castps_si512(_mm512_permutexvar_ps(idx[h], a_tile)));
     }
 }
 
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
-// the chunk's tables of groups g_first .. (1024 entries each).
+// the chunk's tables of groups g_first .. (kPairTable entries each).
 // bf16: acc[i * 256 + (2c + b2) * 16 + 4t + j]: fp32 partial sums (t) of column 16j + c +
 // 8*b2. fp16 (kFp16, fp32 FMAs on the widened weights): acc[i * 512 + (2c + b2) * 32 + 16u + e]
 // with the element order of build_a_fp32_avx512.
-// Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP table halves (<= 24 of
-// 32); a from memory.
+// Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP (bf16) or 8*NCP (fp16)
+// table registers (<= 24 of 32); a from memory.
 template <int MR, int NCP, bool kFp16>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
@@ -160,7 +183,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
   const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
                                              0x200020, 0x300030, 0, 0x100010, 0x200020,
                                              0x300030, 0, 0x100010, 0x200020, 0x300030);
-  __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP];
+  // bf16: entries 0..31 and 32..63 of each table; fp16: the same of the high-half table, then
+  // of the low-half one.
+  __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP], tbl16_lo[kFp16 ? 2 * NCP : 1],
+      tbl16_hi[kFp16 ? 2 * NCP : 1];
   int64_t g_loaded = -1;
   for (int64_t kt = kt0; kt < kt1; ++kt) {
     const int32_t* wt = words + (kt - kt0) * word_stride;
@@ -171,14 +197,19 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
     const int64_t g = tile_group[kt];
     if (g < 0) continue;  // a tile whose rows span two groups: see pair_chunk_avx512
     if (g != g_loaded) {
-      const uint16_t* tg = tbl + (g - g_first) * 1024 + 2 * c0 * 64;
+      constexpr int kCbEntries = kFp16 ? 128 : 64;
+      const uint16_t* tg = tbl + (g - g_first) * kPairTable<kFp16> + 2 * c0 * kCbEntries;
       for (int cb = 0; cb < 2 * NCP; ++cb) {
-        tbl_lo[cb] = _mm512_loadu_si512(tg + cb * 64);
-        tbl_hi[cb] = _mm512_loadu_si512(tg + cb * 64 + 32);
+        tbl_lo[cb] = _mm512_loadu_si512(tg + cb * kCbEntries);
+        tbl_hi[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 32);
+        if constexpr (kFp16) {
+          tbl16_lo[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 64);
+          tbl16_hi[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 96);
+        }
       }
       g_loaded = g;
     }
-    const __m512i* av = a_pairs + (kt - kt0) * 2 * kU * MR;
+    const __m512i* av = a_pairs + (kt - kt0) * 2 * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
@@ -190,12 +221,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         const int cb = 2 * cc + (e >> 1);
         const __m512i wv = _mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
         if constexpr (kFp16) {
-          const __m512 w_lo = _mm512_cvtph_ps(_mm512_castsi512_si256(wv));
-          const __m512 w_hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(wv, 1));
+          // The fp32 weights whole, without vcvtph2ps (1.8 cycles a vector on this Zen 4):
+          // the low halves looked up with the same indices, interleaved with the high ones.
+          const __m512i wl = _mm512_permutex2var_epi16(tbl16_lo[cb], idx, tbl16_hi[cb]);
+          const __m512 w_u0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wl, wv));
+          const __m512 w_u1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wl, wv));
           for (int i = 0; i < MR; ++i) {
-            const float* a_i = reinterpret_cast<const float*>(av + 4 * i + 2 * (e & 1));
-            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i), w_lo, acc_v[i][cb][0]);
-            acc_v[i][cb][1] = _mm512_fmadd_ps(_mm512_loadu_ps(a_i + 16), w_hi, acc_v[i][cb][1]);
+            const __m512 a_i = _mm512_loadu_ps(reinterpret_cast<const float*>(av + 2 * i + (e & 1)));
+            acc_v[i][cb][0] = _mm512_fmadd_ps(a_i, w_u0, acc_v[i][cb][0]);
+            acc_v[i][cb][1] = _mm512_fmadd_ps(a_i, w_u1, acc_v[i][cb][1]);
           }
         } else {
           for (int i = 0; i < MR; ++i)
@@ -234,7 +268,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
   if constexpr (kFp16) {
     switch (rows) {
       case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
-      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+      case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 1>{}); break;
       case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 1>{}); break;
       default: passes(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
     }
@@ -254,7 +288,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
 
 // Scratch of pair_chunks_avx512, kept by the caller across calls.
 struct PairScratch {
-  std::vector<uint16_t> tbl;     // [chunk][group of the block][1024]
+  std::vector<uint16_t> tbl;     // [chunk][group of the block][kPairTable]
   std::vector<float> acc;        // [chunk][row][256 (bf16) or 512 partial sums + 64 `extra`]
   std::vector<float> chan_scale; // [chunk][64] per channel
   std::vector<float> sc, zf;     // [chunk][group][64] (decode_chunk_groups), mixed tiles only
@@ -280,7 +314,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
   const int64_t word_stride = 2 * p.size_n;
   const int64_t num_chunks = ch1 - ch0;
   constexpr int64_t kAccRow = kFp16 ? 512 : 256;
-  constexpr int64_t kAPairs = kFp16 ? 4 : 2;  // a vectors per tile and row
+  constexpr int64_t kAPairs = 2;  // a vectors per tile and row
   const int64_t acc_per_chunk = rows * (kAccRow + 64);
   const bool per_channel = p.num_groups == 1;
   const MarlinChunkTables& tb = chunk_tables();
@@ -307,7 +341,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
     const bool build_tables = g_last >= 0 && (g_first != built_first || g_last != built_last);
     if (build_tables) {
       groups_per_block = g_last - g_first + 1;
-      s.tbl.resize(num_chunks * groups_per_block * 1024);
+      s.tbl.resize(num_chunks * groups_per_block * kPairTable<kFp16>);
       built_first = g_first;
       built_last = g_last;
     }
@@ -341,12 +375,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
         }
       }
       if (g_last < 0) continue;  // every tile of the block was mixed
-      uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * 1024;
+      uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * kPairTable<kFp16>;
       if (build_tables)
         for (int64_t g = g_first; g <= g_last; ++g)
           build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
                                          p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-                                         tbl + (g - g_first) * 1024);
+                                         tbl + (g - g_first) * kPairTable<kFp16>);
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
         pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
@@ -365,12 +399,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       for (int cb = 0; cb < 16; ++cb) {
         float col_sum[4];
         if (kFp16) {
-          // elements e of u = 0, 1: column j = (e / 2) % 4 -> e in {2j, 2j + 1, 2j + 8, 2j + 9}
-          const float* v = acc + i * kAccRow + cb * 32;
-          for (int j = 0; j < 4; ++j)
-            col_sum[j] = ((v[2 * j] + v[2 * j + 1]) + (v[2 * j + 8] + v[2 * j + 9])) +
-                         ((v[16 + 2 * j] + v[16 + 2 * j + 1]) +
-                          (v[16 + 2 * j + 8] + v[16 + 2 * j + 9]));
+          // element i of u: t = i / 4, j = 2u + (i % 4) / 2 -> column j sums the 8 elements
+          // 4t + o, 4t + o + 1 (o = 2 (j % 2)) of u = j / 2
+          for (int j = 0; j < 4; ++j) {
+            const float* v = acc + i * kAccRow + cb * 32 + 16 * (j / 2) + 2 * (j % 2);
+            col_sum[j] = ((v[0] + v[1]) + (v[4] + v[5])) + ((v[8] + v[9]) + (v[12] + v[13]));
+          }
         } else {
           // lanes 4t + j: add the four 128-bit blocks (t) -> columns j = 0..3
           const __m512 v = _mm512_loadu_ps(acc + i * kAccRow + cb * 16);
