@@ -31,13 +31,15 @@
 // short stretches.
 //
 // Our own idle workers poll for the next job for W4K_QUEUE_SPIN_US (default 200 us, yielding
-// the core every few hundred pauses), then sleep on a condition variable: back-to-back calls
-// find them awake (a sleeping worker's vCPU idles, and waking it costs more than the poll), and
-// between bursts they burn nothing. The poll does not hurt under load either: interleaved in
-// one process under two busy processes, polling and sleeping workers slowed 11008 x 4096 at
-// M = 4 down alike (1.9x), and at 4096 x 4096 the sleeping ones more (M = 1: 1.2x vs 1.0x;
-// M = 4: 1.8x vs 1.1x). The counter carries the job's generation in its high 32 bits, so a
-// late worker can never claim an item of a later job with the previous job's function.
+// the core every few hundred pauses), then sleep on a condition variable. The poll pays on a
+// quiet machine (a sleeping worker's vCPU idles, and waking it costs more: 4096 x 4096 at M = 1
+// 0.36-0.38 ms polling, 0.59 sleeping) and costs under load, where it competes for a core with
+// the very threads that load it (11008 x 4096 at M = 4 under two busy processes: 5.3 ms
+// polling, 4.4 sleeping). So a worker that was slow to start a job (kSlowStartNs after it was
+// published: it was not scheduled) stops polling for the next kNoPollJobs jobs; measured
+// interleaved with both, this was as fast as the faster of them in each case above, quiet or
+// loaded (README "Threads"). The counter carries the job's generation in its high 32 bits, so
+// a late worker can never claim an item of a later job with the previous job's function.
 //
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
@@ -106,6 +108,7 @@ class WorkQueue {
       while (static_cast<int>(workers_.size()) < threads - 1)
         workers_.emplace_back([this, index = static_cast<int>(workers_.size())] { worker(index); });
       gen = ++generation_;
+      published_at_ns_.store(now_ns(), std::memory_order_relaxed);
       published_.store(gen, std::memory_order_release);
       fn_ = &fn;
       num_items_ = num_items;
@@ -215,8 +218,15 @@ class WorkQueue {
     }
   }
 
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
   void worker(int index) {
     uint64_t seen = 0;
+    int quiet_jobs_left = 0;  // jobs to go before this worker polls again
     const int64_t spin_ns = spin_ns_;
     for (;;) {
       uint64_t gen;
@@ -224,8 +234,9 @@ class WorkQueue {
       const std::function<void(int64_t)>* fn;
       // Poll a while before sleeping: back-to-back calls (the layers of a decode step) then
       // find this worker awake.
-      const auto spin_end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(spin_ns);
-      for (int i = 0; published_.load(std::memory_order_acquire) == seen; ++i) {
+      const int64_t poll_ns = quiet_jobs_left > 0 ? 0 : spin_ns;
+      const auto spin_end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(poll_ns);
+      for (int i = 0; poll_ns > 0 && published_.load(std::memory_order_acquire) == seen; ++i) {
 #if defined(__x86_64__)
         _mm_pause();
 #endif
@@ -241,6 +252,10 @@ class WorkQueue {
         num_items = num_items_;
         fn = fn_;
       }
+      if (now_ns() - published_at_ns_.load(std::memory_order_relaxed) > kSlowStartNs)
+        quiet_jobs_left = kNoPollJobs;
+      else if (quiet_jobs_left > 0)
+        --quiet_jobs_left;
       claim_items(gen, num_items, *fn);
     }
   }
@@ -259,6 +274,11 @@ class WorkQueue {
   std::atomic<uint64_t> next_{0};      // (generation << 32) | next unclaimed item
   std::atomic<int64_t> done_{0};       // items finished in the current job
   std::atomic<uint64_t> published_{0};  // generation_, readable without the mutex
+  std::atomic<int64_t> published_at_ns_{0};  // when the current job was published
+  // A worker that starts a job more than kSlowStartNs after it was published (it was not
+  // scheduled: a loaded machine) does not poll after the next kNoPollJobs jobs.
+  static constexpr int64_t kSlowStartNs = 500 * 1000;
+  static constexpr int kNoPollJobs = 256;
   // How long an idle worker polls for the next job before it sleeps (W4K_QUEUE_SPIN_US).
   const int64_t spin_ns_ = [] {
     const char* env = std::getenv("W4K_QUEUE_SPIN_US");
