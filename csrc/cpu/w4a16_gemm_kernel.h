@@ -131,11 +131,15 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
   const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
                           p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
-  // Rows of K per dequantized block. fp32: 64 x 64 fp32 = 16 KiB (half of L1). bf16 pairs:
-  // 256 rows = 128 pair rows x 64 columns x 4 bytes = 32 KiB, so every load/store of the
-  // 6 x 64 accumulators is spread over 128 k-pairs x 24 vdpbf16ps (measured, one thread,
-  // 11008 x 4096, M = 32..256: 1-4 % faster than 128 rows).
-  const int64_t kKc = use_dpbf16 ? 256 : 64;
+  // Rows of K per dequantized block. fp32: 64 x 64 fp32 = 16 KiB (half of L1). bf16 pairs,
+  // above 32 rows of a: 256 rows = 128 pair rows x 64 columns x 4 bytes = 32 KiB, so every
+  // load/store of the 6 x 64 accumulators is spread over 128 k-pairs x 24 vdpbf16ps; up to 32
+  // rows, 64 (8 KiB: the block stays in L1 next to the rows of a while the few row blocks
+  // read it). Measured 2026-11-24 (2 threads, weights rotated, the sizes alternating in one
+  // process, medians), 4096 x 4096 / 11008 x 4096, ms for 256 / 64 rows: M = 8 1.66 / 1.28 and
+  // 4.02 / 3.05; M = 16 2.17 / 1.95 and 5.64 / 5.28; M = 32 3.43 / 3.29 and 9.12 / 8.95;
+  // M = 64 5.95 / 6.08 and 15.8 / 16.1; M = 256 21.2 / 21.8 and 58.7 / 60.5.
+  const int64_t kKc = use_dpbf16 && rows > 32 ? 256 : 64;
   // The vdpbf16ps path decodes one-group k-tiles by table lookups
   // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).

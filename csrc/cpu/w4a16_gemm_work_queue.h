@@ -35,8 +35,8 @@
 // quiet machine (a sleeping worker's vCPU idles, and waking it costs more: 4096 x 4096 at M = 1
 // 0.36-0.38 ms polling, 0.59 sleeping) and costs under load, where it competes for a core with
 // the very threads that load it (11008 x 4096 at M = 4 under two busy processes: 5.3 ms
-// polling, 4.4 sleeping). So a worker that was slow to start a job (kSlowStartNs after it was
-// published: it was not scheduled) stops polling for the next kNoPollJobs jobs; measured
+// polling, 4.4 sleeping). So a polling worker that was slow to start a job (kSlowStartNs after
+// it was published: it was not scheduled) stops polling for the next kNoPollJobs jobs; measured
 // interleaved with both, this was as fast as the faster of them in each case above, quiet or
 // loaded (README "Threads"). The counter carries the job's generation in its high 32 bits, so
 // a late worker can never claim an item of a later job with the previous job's function.
@@ -236,7 +236,12 @@ class WorkQueue {
       // find this worker awake.
       const int64_t poll_ns = quiet_jobs_left > 0 ? 0 : spin_ns;
       const auto spin_end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(poll_ns);
-      for (int i = 0; poll_ns > 0 && published_.load(std::memory_order_acquire) == seen; ++i) {
+      bool found_polling = false;  // the job came while this worker polled (not asleep)
+      for (int i = 0; poll_ns > 0; ++i) {
+        if (published_.load(std::memory_order_acquire) != seen) {
+          found_polling = true;
+          break;
+        }
 #if defined(__x86_64__)
         _mm_pause();
 #endif
@@ -252,7 +257,9 @@ class WorkQueue {
         num_items = num_items_;
         fn = fn_;
       }
-      if (now_ns() - published_at_ns_.load(std::memory_order_relaxed) > kSlowStartNs)
+      // (A worker woken from sleep is late by the wake-up, which says nothing about load.)
+      if (found_polling &&
+          now_ns() - published_at_ns_.load(std::memory_order_relaxed) > kSlowStartNs)
         quiet_jobs_left = kNoPollJobs;
       else if (quiet_jobs_left > 0)
         --quiet_jobs_left;
@@ -275,8 +282,8 @@ class WorkQueue {
   std::atomic<int64_t> done_{0};       // items finished in the current job
   std::atomic<uint64_t> published_{0};  // generation_, readable without the mutex
   std::atomic<int64_t> published_at_ns_{0};  // when the current job was published
-  // A worker that starts a job more than kSlowStartNs after it was published (it was not
-  // scheduled: a loaded machine) does not poll after the next kNoPollJobs jobs.
+  // A polling worker that starts a job more than kSlowStartNs after it was published (it was
+  // not scheduled: a loaded machine) does not poll after the next kNoPollJobs jobs.
   static constexpr int64_t kSlowStartNs = 500 * 1000;
   static constexpr int kNoPollJobs = 256;
   // How long an idle worker polls for the next job before it sleeps (W4K_QUEUE_SPIN_US).
