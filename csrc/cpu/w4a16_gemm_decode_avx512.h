@@ -40,9 +40,9 @@ namespace w4k::cpu {
 // bits of (q - z) * s of column n = 16j + c + 8*b2 (s = 1 per channel: the scale goes to the
 // epilogue); fp16: tbl[(2c + b2) * 128 + 16j + q] and tbl[(2c + b2) * 128 + 64 + 16j + q] = the
 // high and low 16 bits of the fp32 encoding of that value rounded to fp16 (kPairTable entries
-// per chunk and group). Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2] (position
-// 8(n % 8) + n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2) in nibble
-// 4*b2 + j. The rounding is vcvtneps2bf16 (round to nearest even; a subnormal result is
+// per chunk and group). Marlin's scale perm puts the scales of line c at s_row[8c + 2j + b2]
+// (position 8(n % 8) + n / 8 of the chunk's 64), and its zero-point word c holds z of (j, b2)
+// in nibble 4*b2 + j. The rounding is vcvtneps2bf16 (round to nearest even; a subnormal result is
 // flushed to zero, as vdpbf16ps would flush it when multiplying); fp16 tables (kFp16) round
 // with vcvtps2ph (nearest even, subnormals kept, as round_to_fp16). s_row: scale bits of the
 // half type, nullptr per channel; z_words: nullptr -> z = 8.
@@ -82,6 +82,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
     _mm512_store_ps(zs_tab + 16 * o, _mm512_mul_ps(z, sv));
   }
   const __m512 code = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // fp16: vpermt2w indices of the high (2k + 1) and low (2k) 16-bit halves of entries k = 0..31
+  // of two fp32 vectors.
+  alignas(64) int16_t half_idx[2][32];
+  for (int k = 0; k < 32; ++k) {
+    half_idx[0][k] = static_cast<int16_t>(2 * k + 1);
+    half_idx[1][k] = static_cast<int16_t>(2 * k);
+  }
+  const __m512i high_halves = _mm512_load_si512(half_idx[0]);
+  const __m512i low_halves = _mm512_load_si512(half_idx[1]);
   for (int cb = 0; cb < 16; ++cb) {  // cb = 2c + b2
     // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
     // times an 8- or 11-bit significand) and so is their difference (a 5-bit integer times
@@ -98,18 +107,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
       __m512i bits[4];
       for (int j = 0; j < 4; ++j)
         bits[j] = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtps_ph(w[j], kRne)));
-      const __m512i odd = _mm512_add_epi16(
-          _mm512_slli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19,
-                                             18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
-                                             4, 3, 2, 1, 0), 1),
-          _mm512_set1_epi16(1));
-      const __m512i even = _mm512_sub_epi16(odd, _mm512_set1_epi16(1));
       uint16_t* t = tbl + cb * 128;
       for (int jj = 0; jj < 2; ++jj) {
         _mm512_storeu_si512(t + 32 * jj,
-                            _mm512_permutex2var_epi16(bits[2 * jj], odd, bits[2 * jj + 1]));
+                            _mm512_permutex2var_epi16(bits[2 * jj], high_halves, bits[2 * jj + 1]));
         _mm512_storeu_si512(t + 64 + 32 * jj,
-                            _mm512_permutex2var_epi16(bits[2 * jj], even, bits[2 * jj + 1]));
+                            _mm512_permutex2var_epi16(bits[2 * jj], low_halves, bits[2 * jj + 1]));
       }
     } else {  // vcvtne2ps2bf16(a, b): b's 16 values in the low half, a's in the high half
       uint16_t* t = tbl + cb * 64;
@@ -183,10 +186,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
   const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
                                              0x200020, 0x300030, 0, 0x100010, 0x200020,
                                              0x300030, 0, 0x100010, 0x200020, 0x300030);
-  // bf16: entries 0..31 and 32..63 of each table; fp16: the same of the high-half table, then
-  // of the low-half one.
-  __m512i tbl_lo[2 * NCP], tbl_hi[2 * NCP], tbl16_lo[kFp16 ? 2 * NCP : 1],
-      tbl16_hi[kFp16 ? 2 * NCP : 1];
+  // Entries 0..31 and 32..63 of each table (fp16: of the high-half table; low_* of the
+  // low-half one).
+  __m512i tbl_0[2 * NCP], tbl_1[2 * NCP], low_0[kFp16 ? 2 * NCP : 1], low_1[kFp16 ? 2 * NCP : 1];
   int64_t g_loaded = -1;
   for (int64_t kt = kt0; kt < kt1; ++kt) {
     const int32_t* wt = words + (kt - kt0) * word_stride;
@@ -200,11 +202,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
       constexpr int kCbEntries = kFp16 ? 128 : 64;
       const uint16_t* tg = tbl + (g - g_first) * kPairTable<kFp16> + 2 * c0 * kCbEntries;
       for (int cb = 0; cb < 2 * NCP; ++cb) {
-        tbl_lo[cb] = _mm512_loadu_si512(tg + cb * kCbEntries);
-        tbl_hi[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 32);
+        tbl_0[cb] = _mm512_loadu_si512(tg + cb * kCbEntries);
+        tbl_1[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 32);
         if constexpr (kFp16) {
-          tbl16_lo[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 64);
-          tbl16_hi[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 96);
+          low_0[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 64);
+          low_1[cb] = _mm512_loadu_si512(tg + cb * kCbEntries + 96);
         }
       }
       g_loaded = g;
@@ -219,15 +221,16 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
         const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
         const int cb = 2 * cc + (e >> 1);
-        const __m512i wv = _mm512_permutex2var_epi16(tbl_lo[cb], idx, tbl_hi[cb]);
+        const __m512i wv = _mm512_permutex2var_epi16(tbl_0[cb], idx, tbl_1[cb]);
         if constexpr (kFp16) {
           // The fp32 weights whole, without vcvtph2ps (1.8 cycles a vector on this Zen 4):
           // the low halves looked up with the same indices, interleaved with the high ones.
-          const __m512i wl = _mm512_permutex2var_epi16(tbl16_lo[cb], idx, tbl16_hi[cb]);
+          const __m512i wl = _mm512_permutex2var_epi16(low_0[cb], idx, low_1[cb]);
           const __m512 w_u0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wl, wv));
           const __m512 w_u1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wl, wv));
           for (int i = 0; i < MR; ++i) {
-            const __m512 a_i = _mm512_loadu_ps(reinterpret_cast<const float*>(av + 2 * i + (e & 1)));
+            const __m512 a_i =
+                _mm512_loadu_ps(reinterpret_cast<const float*>(av + 2 * i + (e & 1)));
             acc_v[i][cb][0] = _mm512_fmadd_ps(a_i, w_u0, acc_v[i][cb][0]);
             acc_v[i][cb][1] = _mm512_fmadd_ps(a_i, w_u1, acc_v[i][cb][1]);
           }

@@ -38,8 +38,10 @@
 // polling, 4.4 sleeping). So a polling worker that was slow to start a job (kSlowStartNs after
 // it was published: it was not scheduled) stops polling for the next kNoPollJobs jobs; measured
 // interleaved with both, this was as fast as the faster of them in each case above, quiet or
-// loaded (README "Threads"). The counter carries the job's generation in its high 32 bits, so
-// a late worker can never claim an item of a later job with the previous job's function.
+// loaded (README "Threads"; measured before the rule ignored starts from sleep, whose lateness
+// is the wake-up's, not the load's). The counter carries the job's generation in its high 32
+// bits, so a late worker can never claim an item of a later job with the previous job's
+// function.
 //
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
