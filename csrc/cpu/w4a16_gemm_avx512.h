@@ -6,8 +6,8 @@
 //   fp32, then a 6-row x 64-column register-blocked FMA loop).
 // * dequant_tile_pairs_avx512 + micro_bf16_avx512: the same for bf16 activations with
 //   vdpbf16ps (AVX512-BF16), two k-rows per instruction; one-group k-tiles are decoded by
-//   table lookups instead (build_tile_pair_tables_avx512 + decode_tile_pairs_lut_avx512,
-//   same bits), and write_chunk_row_grouped_avx512 writes a grouped chunk row out.
+//   table lookups instead (decode_tile_pairs_lut_avx512 on the decode path's tables, same
+//   bits), and write_chunk_row_grouped_avx512 writes a grouped chunk row out.
 // * lut_chunk_avx512: few rows of a; per-column lookup tables, one vpermps per 16 weights.
 #pragma once
 
@@ -218,66 +218,28 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
 // of computing (q - z) * s per weight. Word lane L = 4t + j of line c (words 16c .. 16c + 15 of
 // a chunk's k-tile) holds in nibbles e' and e' + 4 (e' = 0..3) the weights of rows 2t + 8h and
 // 2t + 8h + 1 (h = e' & 1) of column 16j + c + 8*b2 (b2 = e' >> 1) (MarlinChunkTables). A 16-bit
-// shift puts nibble e' in the low and e' + 4 in the high half of every 32-bit lane, so one
-// vpermt2w over a 64-entry table (index 4q + j: the 4 columns j of (c, b2), 16 codes q) gives
-// the bf16 pair (w[2t + 8h], w[2t + 8h + 1]) of that column in lane (t, j). Transposing the
-// 128-bit blocks t of the four lines c = 4cg .. 4cg + 3 then gives, per t, one vector of 16
-// columns of pair row t + 4h: lane 4cl + j = column 16j + 4cg + cl + 8*b2, which is wbuf column
-// 16(2cg + b2) + 4cl + j (MarlinChunkTables::colperm), i.e. exactly the pair layout of
-// dequant_tile_pairs_avx512. Per 32 weights: a shift, a vpternlogd, a vpermt2w, two 128-bit
-// shuffles (instead of ~18 fp32 operations), and the same values (the table entries are rounded
-// by bf16_rne_bits from the same (q - z) * s), so both decoders give the same bits.
-
-// tbl[(2c + b2) * 64 + 4q + j] = bf16 bits of (q - z) * s of chunk column 16j + c + 8*b2
-// (wbuf column x = 16(2cg + b2) + 4cl + j, c = 4cg + cl): the tables of one chunk and group,
-// straight from the operands. Marlin's scale perm puts the scale of that column at
-// s_row[8c + 2j + b2] and its zero point in nibble 4*b2 + j of zero-point word c (the values
-// decode_chunk_groups gives, tested through the fp32 decoder). s_row: the group's 64 bf16
-// scale bits of the chunk, nullptr: s = 1 (per channel: the scale goes to the epilogue);
-// z_words: the group's 8 zero-point words of the chunk, nullptr: z = 8.
-__attribute__((target("avx512f,avx512bw,fma"))) inline void build_tile_pair_tables_avx512(
-    const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
-  // lane l of vector r: code q = 4r + l / 4, column j = l % 4 (entry 16r + l = 4q + j)
-  const __m512 code0 = _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m256i b2_halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // (j, b2) -> b2 halves
-  const __m128i z_shift[2] = {_mm_setr_epi32(0, 4, 8, 12), _mm_setr_epi32(16, 20, 24, 28)};
-  for (int c = 0; c < 8; ++c) {
-    __m256 s8 = _mm256_set1_ps(1.0f);
-    if (s_row) {  // bf16 -> fp32: the bits in the high half
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + 8 * c));
-      s8 = _mm256_permutevar8x32_ps(
-          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)), b2_halves);
-    }
-    const __m128i zw = _mm_set1_epi32(z_words ? z_words[c] : static_cast<int32_t>(0x88888888u));
-    for (int b2 = 0; b2 < 2; ++b2) {
-      const __m512 s = _mm512_broadcast_f32x4(b2 ? _mm256_extractf128_ps(s8, 1)
-                                                 : _mm256_castps256_ps128(s8));
-      const __m512 z = _mm512_broadcast_f32x4(_mm_cvtepi32_ps(
-          _mm_and_si128(_mm_srlv_epi32(zw, z_shift[b2]), _mm_set1_epi32(15))));
-      // (q - z) * s as q * s - z * s in one fma: q * s and z * s are exact (4-bit integers
-      // times an 8-bit significand) and so is their difference (a 5-bit integer times s),
-      // so the fma's one rounding changes nothing: the value of the fp32 decoder.
-      const __m512 zs = _mm512_mul_ps(z, s);
-      uint16_t* t = tbl + (2 * c + b2) * 64;
-      for (int r = 0; r < 4; ++r) {
-        const __m512 q = _mm512_add_ps(code0, _mm512_set1_ps(4.0f * r));
-        const __m512 w = _mm512_fmsub_ps(q, s, zs);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * r),
-                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rne_bits(w), 16)));
-      }
-    }
-  }
-}
+// shift by 4e' puts nibble e' in the low and e' + 4 in the high half of every 32-bit lane, so
+// one vpermt2w over the 64-entry table of (c, b2) (index 16j + q: the decode path's table,
+// build_pair_table_avx512 in w4a16_gemm_decode_avx512.h) gives the bf16 pair (w[2t + 8h],
+// w[2t + 8h + 1]) of that column in lane (t, j). Transposing the 128-bit blocks t of the four
+// lines c = 4cg .. 4cg + 3 then gives, per t, one vector of 16 columns of pair row t + 4h: lane
+// 4cl + j = column 16j + 4cg + cl + 8*b2, which is wbuf column 16(2cg + b2) + 4cl + j
+// (MarlinChunkTables::colperm), i.e. exactly the pair layout of dequant_tile_pairs_avx512. Per
+// 32 weights: a shift (none for e' = 0), a vpternlogd, a vpermt2w, two 128-bit shuffles
+// (instead of ~18 fp32 operations). The table entries are (q - z) * s rounded by
+// vcvtne2ps2bf16, which differs from bf16_rne_bits only where the result is an fp32 subnormal
+// (flushed to a signed zero: vdpbf16ps reads such a weight as that same zero) or a NaN (its
+// payload), so both decoders give the same bits.
 
 // One k-tile of a chunk (its 128 words) -> wpairs[8][64] (pair rows, wbuf column order) through
-// the tables of the tile's group (build_tile_pair_tables_avx512).
+// the tables of the tile's group (build_pair_table_avx512<false>: 16 tables of 64 entries).
 __attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_avx512(
     const int32_t* words, const uint16_t* tbl, uint32_t* wpairs) {
-  // Table index 4q + j: the code shifted to bits 2..5 of each 16-bit half, j in bits 0..1.
-  const __m512i code_mask = _mm512_set1_epi32(0x003c003c);
-  const __m512i col_bits = _mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002,
-                                             0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
-                                             0x20002, 0x30003);
+  // Table index 16j + q: the code in bits 0..3 of each 16-bit half, j in bits 4..5.
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
+                                             0x200020, 0x300030, 0, 0x100010, 0x200020,
+                                             0x300030, 0, 0x100010, 0x200020, 0x300030);
 #pragma GCC unroll 2
   for (int cg = 0; cg < 2; ++cg) {
     __m512i w[4];
@@ -286,8 +248,7 @@ __attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_av
     for (int e = 0; e < 4; ++e) {  // h = e & 1, b2 = e >> 1
       __m512i v[4];
       for (int cl = 0; cl < 4; ++cl) {
-        const __m512i shifted =
-            e == 0 ? _mm512_slli_epi16(w[cl], 2) : _mm512_srli_epi16(w[cl], 4 * e - 2);
+        const __m512i shifted = e == 0 ? w[cl] : _mm512_srli_epi16(w[cl], 4 * e);
         // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
         const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
         const uint16_t* t = tbl + (2 * (4 * cg + cl) + (e >> 1)) * 64;

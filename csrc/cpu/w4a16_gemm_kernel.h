@@ -190,7 +190,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   (void)use_dpbf16;
   (void)pair_lut;
   (void)avx2;  // all unused when the AVX-512 paths are compiled out
-  // vdpbf16ps path: the pair tables of the current group (build_tile_pair_tables_avx512).
+  // vdpbf16ps path: the pair tables of the current group (build_pair_table_avx512).
   alignas(64) uint16_t pair_tbl[16 * 64];
   (void)pair_tbl;
   // The table decode reads the scales and zero points itself; the fp32 ones
@@ -240,7 +240,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
           const int64_t g = tile_group[k0 / 16];
           if (g >= 0 && lut_decode) {  // one group: table lookups
             if (g != tbl_group) {
-              build_tile_pair_tables_avx512(
+              build_pair_table_avx512<false>(
                   chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
                   has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
               tbl_group = g;

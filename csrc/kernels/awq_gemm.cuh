@@ -306,7 +306,7 @@ struct GemmParams {
 };
 
 template <typename T, typename C>
-__global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kGemmThreads, 1) awq_gemm_kernel(const GemmParams p) {
   using pair_t = typename DequantTraits<T>::pair_t;
   W4K_EXTERN_SHARED(int4, sh);
   __shared__ int sh_last;  // split-K: this block is the last split of its tile to arrive
@@ -315,7 +315,12 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / C::kWarpsN, warp_n = warp % C::kWarpsN;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * C::kTileM;
-  const int64_t n_word0 = static_cast<int64_t>(blockIdx.y) * C::kWordsN;  // first word column
+  // First word column. The last N tile is shifted left to end at the row stride (launch_awq_gemm
+  // checks ldq >= kWordsN), so that every B chunk a block copies lies inside its row and the
+  // copies need no per-chunk column predicates; it stores only the columns from its unshifted
+  // start (n_store0) on, the previous tile stores the overlap.
+  const int64_t n_store0 = static_cast<int64_t>(blockIdx.y) * C::kWordsN;
+  const int64_t n_word0 = min(n_store0, p.ldq - C::kWordsN);
   const int64_t words_n = p.size_n / 8;
   const int64_t k_tiles = (p.size_k + C::kTileK - 1) / C::kTileK;
   const int64_t t_begin = static_cast<int64_t>(blockIdx.z) * p.tiles_per_split;
@@ -325,9 +330,9 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
   const uint64_t policy = ptx::createpolicy_evict_first();
 
   // ---- copy side: per-thread source pointers, advanced by one k-tile per fetch --------------
-  // B: visit v = row b_row + v * kBRowsPerSweep, chunks j * kBTpr + b_u (Config). Chunks past
-  // the row (N edge) are not copied and rows past K (general path) neither: those words stay
-  // stale, which only affects columns >= N (never stored) or rows whose scale is forced to 0.
+  // B: visit v = row b_row + v * kBRowsPerSweep, chunks j * kBTpr + b_u (Config). Every chunk
+  // lies inside the row stride (n_word0); words in [N / 8, ldq) only feed columns never stored.
+  // Rows past K (general path) are not copied: those words stay stale, and their scale is 0.
   const int b_u = tid % C::kBTpr, b_row = tid / C::kBTpr;
   const uint32_t* b_gl_rd[C::kBVisits];
 #pragma unroll
@@ -335,9 +340,6 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
     b_gl_rd[v] = p.qweight + (k_begin + b_row + v * C::kBRowsPerSweep) * p.ldq + n_word0 + 4 * b_u;
   // Between k-tiles; int, so that the advance is one IMAD.WIDE (launch_awq_gemm checks the range).
   const int b_gl_rd_delta_t = static_cast<int>(C::kTileK * p.ldq);
-  // Chunk j is inside the row while 4 * kBTpr * j < b_cols_left (all of them but on the last
-  // N tile); 32-bit, compared with an immediate per chunk.
-  const int b_cols_left = static_cast<int>(min(p.ldq - n_word0 - 4 * b_u, int64_t{1} << 30));
   int b_k_left = static_cast<int>(p.size_k - k_begin) - b_row;  // visit v copied if > v * sweep
   const int b_sh_wr = (b_row * C::kBRowWords + 4 * b_u) * 4;
 
@@ -416,10 +418,9 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
         if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
 #pragma unroll
           for (int j = 0; j < C::kBCpt; ++j)
-            if (4 * C::kBTpr * j < b_cols_left)
-              ptx::cp_async16_cg_hint(
-                  st + b_sh_wr + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
-                  b_gl_rd[v] + 4 * j * C::kBTpr, policy);
+            ptx::cp_async16_cg_hint(
+                st + b_sh_wr + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
+                b_gl_rd[v] + 4 * j * C::kBTpr, policy);
         }
         b_gl_rd[v] += b_gl_rd_delta_t;
       }
@@ -605,7 +606,7 @@ __global__ void __launch_bounds__(kGemmThreads) awq_gemm_kernel(const GemmParams
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int64_t word = n_word0 + 8 * warp_n + 2 * t + e;
-        if (word >= words_n) continue;
+        if (word >= words_n || word < n_store0) continue;
         uint32_t v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -717,6 +718,8 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
   // The kernel advances its copy pointers by 32-bit byte / word strides.
   if (128 * ldq > INT32_MAX || 2 * size_n > INT32_MAX || 4 * ldz > INT32_MAX)
     return cudaErrorInvalidValue;
+  // The last N tile is shifted left to end at the row stride (see n_word0 in the kernel).
+  if (ldq < plan.tile_n / 8) return cudaErrorInvalidValue;
   awq::GemmParams p;
   p.x = x, p.qweight = qweight, p.scales = scales, p.qzeros = qzeros, p.out = out;
   p.scratch = scratch, p.counters = counters;
