@@ -60,7 +60,8 @@ inline cudaError_t awq_gemm_dequantize_weight(const at::Tensor& qweight, const a
 // The tensor-core kernel on x [M, K] (M below the dequant threshold); `out` is [M, N] in x's
 // dtype. Copies, only where needed: x when its rows are not 16-byte aligned or K % 8 != 0
 // (zero-padded to a multiple of 8 columns: 16-byte cp.async of A); qweight / qzeros when N % 32
-// != 0 (rows padded to 16 bytes; AutoAWQ checkpoints have N % 64 == 0); misaligned scales.
+// != 0 (rows padded to 16 bytes; AutoAWQ checkpoints have N % 64 == 0), qweight also when its
+// rows are narrower than an N tile (N < 128 or 256: padded to the tile); misaligned scales.
 inline cudaError_t awq_gemm_launch(const at::Tensor& x, const at::Tensor& qweight,
                                    const at::Tensor& scales, const at::Tensor& qzeros,
                                    int64_t split_k_iters, const at::Tensor& out,
@@ -69,7 +70,10 @@ inline cudaError_t awq_gemm_launch(const at::Tensor& x, const at::Tensor& qweigh
   const int64_t group_size = size_k / scales.size(0);
   const AwqGemmPlan plan = awq_gemm_plan(size_m, size_n, size_k, group_size, split_k_iters);
   const at::Tensor xa = awq_padded_rows(x, 8);
-  const at::Tensor qa = awq_padded_rows(qweight, 4);
+  // qweight rows hold at least a tile's words (launch_awq_gemm: the last N tile is shifted left
+  // to end at the row stride), so narrow weights (N < 256) are padded to a tile's width.
+  const int64_t tile_words = plan.tile_n / 8;
+  const at::Tensor qa = awq_padded_rows(qweight, qweight.size(1) < tile_words ? tile_words : 4);
   const at::Tensor za = awq_padded_rows(qzeros, 4);
   const at::Tensor sa = aligned16(scales);
   at::Tensor scratch, counters;

@@ -91,25 +91,27 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
   return CpuIsa::kGeneric;
 }
 
-// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512);
-// W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
-inline int64_t w4a16_gemm_lut_max_rows(int64_t default_rows) {
+// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp32 and
+// fp16 activations, never bf16 with vdpbf16ps (the blocked path's table decode is 1.6-2x faster
+// at M = 4 and 6, 2 threads, 2026-11-24); W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests
+// compare both paths with it).
+inline int64_t w4a16_gemm_lut_max_rows(bool dpbf16) {
   const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
-  return env ? std::atoll(env) : default_rows;
+  return env ? std::atoll(env) : (dpbf16 ? 0 : 8);
 }
 
-// Rows of a up to which the decode path is used (pair_chunks_avx512, row blocks of 8 (bf16)
-// or 4 (fp16)); W4K_W4A16_PAIR_ROWS overrides it (0 turns the path off: tests compare the
-// paths). Measured (bench_w4a16_cpu.py --threads 1 --cpu-time, GPTQ g128, machine shared),
-// bf16, ms decode path (W4K_W4A16_PAIR_ROWS=16) / blocked vdpbf16ps path with its table decode:
-// M = 9: 2.55 / 3.07 (4096 x 4096), 8.85 / 7.89 (11008 x 4096), 7.15 / 9.12 (4096 x 11008);
-// M = 12: 3.20 / 3.43, 10.6 / 9.08, 8.77 / 9.38; M = 16: 4.05 / 4.05, 15.1 / 11.2,
-// 11.0 / 11.0. Above 8 rows neither wins every shape; the blocked path keeps every shape ahead
-// of dense bf16 F.linear (1.09-1.23x at M = 9..16), the decode path does not (0.80x at 11008 x
-// 4096, M = 16): bf16 up to 8 rows. fp16 at M = 8 5.4 ms against 5.0 ms on the lookup tables.
-inline int64_t w4a16_gemm_pair_max_rows(int64_t default_rows) {
+// Rows of a up to which the decode path is used (pair_chunks_avx512): bf16 up to 3 rows, fp16
+// up to 4 (the lookup tables above, fp16 at M = 8: 5.4 ms against 5.0); W4K_W4A16_PAIR_ROWS
+// overrides it (0 turns the path off: tests compare the paths). bf16, measured 2026-11-24 with
+// the blocked path decoding through the decode path's tables (GPTQ g128, weights rotated, the
+// two paths alternating in one process; ms, decode / blocked): one thread (CPU time), 4096 x
+// 4096: M = 2 0.81 / 1.04, 3 1.08 / 1.29, 4 1.45 / 1.29, 8 2.46 / 2.04; 11008 x 4096: M = 3
+// 2.94 / 3.56, 4 4.17 / 3.52, 8 7.62 / 5.67; two threads (medians), M = 4: 0.79 / 0.78,
+// 2.01 / 1.91, 2.21 / 2.01 on 4096 x 4096, 11008 x 4096, 4096 x 11008; M = 8: 1.21 / 1.12,
+// 3.77 / 2.85, 3.83 / 3.30.
+inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : default_rows;
+  return env ? std::atoll(env) : (fp16 ? 4 : 3);
 }
 
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
@@ -148,16 +150,16 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
   std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
-  // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path, ~6
-  // against the vdpbf16ps one.
+  // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path (with
+  // vdpbf16ps the blocked path wins at every M above the decode path's).
   const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                       rows <= w4a16_gemm_lut_max_rows(use_dpbf16 ? 6 : 8);
+                       rows <= w4a16_gemm_lut_max_rows(use_dpbf16);
   // Few rows: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or
   // fp16 widened to fp32) streams the weight faster than the lookup tables.
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows(fp16 ? 4 : 8);
+                         rows <= w4a16_gemm_pair_max_rows(fp16);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   if (use_lut || use_pairs || use_dpbf16) {

@@ -101,6 +101,11 @@ struct Config {
   // cp.async pipeline depth: 4 stages, 3 for 128-row k-tiles (70-84 KiB of shared memory, so
   // that two blocks still fit on an SM).
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
+  // Blocks per SM ptxas builds for (__launch_bounds__; 0: none given). M <= 16: 4, as many as
+  // the shared memory of 64-row k-tiles allows on an H100 (up to 128 registers); without it
+  // ptxas for sm_90 fits these kernels into 80 registers by recomputing the lane's shared
+  // memory addresses from threadIdx in every k-tile.
+  static constexpr int kMinBlocks = kTileK == 32 ? (kMTiles == 1 ? 5 : 4) : kMTiles == 1 ? 4 : 0;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
   // scales [kGroupRows][kTileN] and qzeros [kGroupRows][kWordsN] of the stage's groups
@@ -306,7 +311,7 @@ struct GemmParams {
 };
 
 template <typename T, typename C>
-__global__ void __launch_bounds__(kGemmThreads, 1) awq_gemm_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(const GemmParams p) {
   using pair_t = typename DequantTraits<T>::pair_t;
   W4K_EXTERN_SHARED(int4, sh);
   __shared__ int sh_last;  // split-K: this block is the last split of its tile to arrive
@@ -543,14 +548,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1) awq_gemm_kernel(const GemmPar
   for (int s = 0; s < C::kStages - 1; ++s) fetch(s, s, s < num_tiles);
   advance_a(C::kStages - 1);
 
-  // Tile i sits in slot i % kStages; the loop is unrolled over the slots so that every slot
-  // offset is an immediate, and counts the tiles left down so that both tests below compare it
-  // with an immediate.
-  for (int tiles_left = num_tiles; tiles_left > 0; tiles_left -= C::kStages) {
+  // Tile i sits in slot i % kStages; the loops are unrolled over the slots so that every slot
+  // offset is an immediate, and count the tiles left down so that every test compares it with
+  // an immediate. While at least 2 kStages - 1 tiles are left, every fetch of a pass is valid
+  // and every slot holds a tile: the steady-state loop tests nothing but its own condition.
+  int tiles_left = num_tiles;
+  for (; tiles_left >= 2 * C::kStages - 1; tiles_left -= C::kStages) {
 #pragma unroll
     for (int u = 0; u < C::kStages; ++u) {
       ptx::cp_async_wait_group<C::kStages - 2>();
       __syncthreads();  // tile u visible to all; the slot fetch reuses (read at u - 1) free
+      fetch((u + C::kStages - 1) % C::kStages, u, true);
+      compute(u);
+    }
+    advance_a(C::kStages);
+  }
+  // The last passes (at most two): fetches past the split's end skipped, the pass left after
+  // the last tile.
+  for (; tiles_left > 0; tiles_left -= C::kStages) {
+#pragma unroll
+    for (int u = 0; u < C::kStages; ++u) {
+      ptx::cp_async_wait_group<C::kStages - 2>();
+      __syncthreads();
       fetch((u + C::kStages - 1) % C::kStages, u, u + C::kStages - 1 < tiles_left);
       compute(u);
       if (u + 1 < C::kStages && u + 1 >= tiles_left) break;
