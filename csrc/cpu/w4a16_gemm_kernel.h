@@ -104,11 +104,13 @@ inline int64_t w4a16_gemm_lut_max_rows(bool dpbf16) {
 // up to 4 (the lookup tables above, fp16 at M = 8: 5.4 ms against 5.0); W4K_W4A16_PAIR_ROWS
 // overrides it (0 turns the path off: tests compare the paths). bf16, measured 2026-11-24 with
 // the blocked path decoding through the decode path's tables (GPTQ g128, weights rotated, the
-// two paths alternating in one process; ms, decode / blocked): one thread (CPU time), 4096 x
-// 4096: M = 2 0.81 / 1.04, 3 1.08 / 1.29, 4 1.45 / 1.29, 8 2.46 / 2.04; 11008 x 4096: M = 3
-// 2.94 / 3.56, 4 4.17 / 3.52, 8 7.62 / 5.67; two threads (medians), M = 4: 0.79 / 0.78,
-// 2.01 / 1.91, 2.21 / 2.01 on 4096 x 4096, 11008 x 4096, 4096 x 11008; M = 8: 1.21 / 1.12,
-// 3.77 / 2.85, 3.83 / 3.30.
+// two paths alternating in one process, machine shared with a helper's builds; ms, decode /
+// blocked, three runs): one thread (min CPU time), 4096 x 4096: M = 2 0.81 / 1.04, 3 1.08 /
+// 1.29, 4 1.45-1.54 / 1.29-1.31, 6 1.66-1.84 / 1.66-1.85, 8 2.07-2.46 / 2.04-2.15; 11008 x 4096:
+// M = 3 2.94 / 3.56, 4 4.17-4.26 / 3.48-3.52, 6 4.69-5.87 / 4.70-4.87, 8 5.87-7.62 / 5.65-5.69;
+// two threads (medians, the quietest run), M = 4: 0.79 / 0.78, 2.01 / 1.91, 2.21 / 2.01 on
+// 4096 x 4096, 11008 x 4096, 4096 x 11008; M = 6: 1.02 / 0.98, 2.79 / 2.35, 2.96 / 2.46; M = 8:
+// 1.21 / 1.12, 3.77 / 2.85, 3.83 / 3.30. From 4 rows the blocked path is as fast or faster.
 inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : (fp16 ? 4 : 3);
