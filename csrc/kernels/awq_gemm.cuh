@@ -62,7 +62,8 @@
 // HMMAs as possible; 32 on the general path.
 // Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; N < 2^27 (32-bit copy strides, launch checks); x rows
 // 16-byte aligned with K % 8 == 0 or zero padding up to a multiple of 8 (the bindings copy x
-// otherwise); qweight / qzeros row strides multiples of 4 words, all pointers 16-byte aligned.
+// otherwise); qweight / qzeros row strides multiples of 4 words, qweight's at least a tile's
+// words (the bindings pad narrower rows), all pointers 16-byte aligned.
 #pragma once
 
 #include <cstdint>
@@ -101,11 +102,12 @@ struct Config {
   // cp.async pipeline depth: 4 stages, 3 for 128-row k-tiles (70-84 KiB of shared memory, so
   // that two blocks still fit on an SM).
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
-  // Blocks per SM ptxas builds for (__launch_bounds__; 0: none given). M <= 16: 4, as many as
-  // the shared memory of 64-row k-tiles allows on an H100 (up to 128 registers); without it
-  // ptxas for sm_90 fits these kernels into 80 registers by recomputing the lane's shared
-  // memory addresses from threadIdx in every k-tile.
-  static constexpr int kMinBlocks = kTileK == 32 ? (kMTiles == 1 ? 5 : 4) : kMTiles == 1 ? 4 : 0;
+  // Blocks per SM that ptxas builds for (__launch_bounds__; 0: none given, ptxas chooses).
+  // M <= 16: 4, as many as the shared memory of 64-row k-tiles allows on an H100 (at most 128
+  // registers), 5 with 32-row k-tiles (96). Without it ptxas for sm_90 squeezes the 64-row
+  // kernels into 80 registers by recomputing the lane's shared addresses from threadIdx every
+  // k-tile (+0.5 instructions per HMMA), and spills the general path for sm_80.
+  static constexpr int kMinBlocks = kMTiles > 1 ? 0 : kGroupK == 32 && kTileK == 32 ? 5 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
   // scales [kGroupRows][kTileN] and qzeros [kGroupRows][kWordsN] of the stage's groups
@@ -722,7 +724,8 @@ cudaError_t launch_tile_k(const GemmParams& p, const AwqGemmPlan& pl, cudaStream
 }  // namespace awq
 
 // x [M, K] (row stride ldx % 8 == 0; K % 8 == 0 or the row padded with zeros up to a multiple
-// of 8), qweight [K, N/8] (row stride ldq words, % 4 == 0), scales [G, N] contiguous, qzeros
+// of 8), qweight [K, N/8] (row stride ldq words, % 4 == 0, >= plan.tile_n / 8: the last N tile
+// is shifted left to end at the row stride, see n_word0), scales [G, N] contiguous, qzeros
 // [G, N/8] (row stride ldz words, % 4 == 0) -> out [M, N] contiguous; every pointer 16-byte
 // aligned. plan = awq_gemm_plan(M, N, K, group_size, split_k_iters); with plan.splits > 1,
 // scratch holds plan.scratch_floats floats and counters plan.counters zeroed ints (left zeroed).
@@ -737,7 +740,6 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
   // The kernel advances its copy pointers by 32-bit byte / word strides.
   if (128 * ldq > INT32_MAX || 2 * size_n > INT32_MAX || 4 * ldz > INT32_MAX)
     return cudaErrorInvalidValue;
-  // The last N tile is shifted left to end at the row stride (see n_word0 in the kernel).
   if (ldq < plan.tile_n / 8) return cudaErrorInvalidValue;
   awq::GemmParams p;
   p.x = x, p.qweight = qweight, p.scales = scales, p.qzeros = qzeros, p.out = out;
