@@ -45,7 +45,8 @@ inline int64_t lut_scratch_floats(int64_t size_m) {
   const int64_t lines = lut_lines(size_m), rows = std::min(size_m, kLutMBlock);
   return lines * 64 * 32 * rows         // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
          + lines * 64 * 16              // tables of one group: [line][pair][32 bf16]
-         + (kLutStrip / 16) * 16 * 16;  // transposed strip: [tile][word][16 rows]
+         + (kLutStrip / 16) * 16 * 16   // transposed strip: [tile][word][16 rows]
+         + (kLutStrip / 16) * rows * 16;  // bf16 x pairs of the strip: [tile][m][16 dwords]
 }
 
 // Portable mirror of the LUT path for columns [n_begin, n_end).
@@ -203,17 +204,22 @@ W4K_AWQ_AVX512 void lut_rows_fp16(const Problem& pb, const float* xf, int64_t m0
 // 2p and 2p + 1, p = 2a + d / 2. Per nibble e (pair e: columns 2e, 2e + 1): a 16-bit shift (none
 // for e = 0) and one vpternlogd make the indices (code | 16 for the odd column), one vpermw
 // looks up the bf16 weights, one vdpbf16ps per row of x (x pairs permuted to match, once per
-// tile). Lane 4a + d of pair e's accumulator thus holds the chain of column 2e + d % 2 over row
-// pairs p = 2a + d / 2 of every tile: the same 8 chains per column as before (chunk_lut adds
-// them in p order). fp16: lut_rows_fp16.
+// tile: xpairs, built once per strip by chunk_lut). Lane 4a + d of pair e's accumulator thus
+// holds the chain of column 2e + d % 2 over row pairs p = 2a + d / 2 of every tile: the same 8
+// chains per column as before (chunk_lut adds them in p order). fp16: lut_rows_fp16.
+// xpairs[(t * rows + m_rel + m) * 16]: the x pairs of tile t and row m (bf16 only).
 template <Dtype D, int MR>
-W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int64_t m_rel,
-                             int64_t w, int64_t k0, int64_t tiles, const float* tab,
-                             const float* tbuf, float* lane) {
+W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xpairs,
+                             int64_t rows, int64_t m0, int64_t m_rel, int64_t w, int64_t k0,
+                             int64_t tiles, const float* tab, const float* tbuf, float* lane) {
   if constexpr (D == Dtype::kHalf) {
+    (void)xpairs;
+    (void)rows;
     lut_rows_fp16<MR>(pb, xf, m0, m_rel, w, k0, tiles, tab, tbuf, lane);
   } else {
     (void)xf;
+    (void)m0;
+    (void)k0;
     // Pairs per pass: as many as keep 16 accumulators (one per pair).
     constexpr int kPairs = MR <= 4 ? 4 : 2;
     const __m512i unit_pairs = _mm512_broadcast_i32x4(
@@ -223,7 +229,6 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int
     const __m512i unit_bit = _mm512_setr_epi32(0, 0x100010, 0, 0x100010, 0, 0x100010, 0,
                                                0x100010, 0, 0x100010, 0, 0x100010, 0, 0x100010,
                                                0, 0x100010);
-    const __m512i x_idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int b0 = 0; b0 < 4; b0 += kPairs) {
       __m512 c[MR][kPairs];  // [m][pair b0 + j]
       auto at = [&](int m, int j) { return lane + ((m_rel + m) * 64 + 4 * w + b0 + j) * 16; };
@@ -236,9 +241,8 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, int64_t m0, int
             _mm512_shuffle_epi8(_mm512_load_si512(tbuf + (t * 16 + w) * 16), unit_pairs);
         __m512bh xv[MR];
         for (int m = 0; m < MR; ++m)
-          xv[m] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi32(
-              x_idx, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                         pb.x + (m0 + m) * pb.ldx + k0 + 16 * t)))));
+          xv[m] = reinterpret_cast<__m512bh>(
+              _mm512_load_si512(xpairs + (t * rows + m_rel + m) * 16));
         for (int j = 0; j < kPairs; ++j) {
           const int e = b0 + j;
           const __m512i sh = e == 0 ? v : _mm512_srli_epi16(v, 4 * e);
@@ -266,6 +270,9 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
   float* lanes = scratch;                                 // [line][m][64 pairs][lanes]
   float* tabs = lanes + lines * 64 * kLaneFloats * rows;  // [line][64 pairs][16 dwords]
   float* tbuf = tabs + lines * 64 * 16;                   // [tile][16 words][16 rows]
+  float* xpairs = tbuf + (kLutStrip / 16) * 16 * 16;      // [tile][m][16 dwords] (bf16)
+  // dword 4a + d of a tile's x pairs: (x[2p], x[2p + 1]), p = 2a + d / 2 (see lut_rows)
+  const __m512i x_idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * rows);
   for (int64_t g = 0; g < pb.groups; ++g) {
     for (int64_t l = 0; l < lines; ++l)
@@ -277,16 +284,33 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
     // would evict the strip in use: 4 lines x 64 rows = 16 KiB of 32).
     for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
       const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
+      if constexpr (D == Dtype::kBFloat16) {
+        for (int64_t t = 0; t < tiles; ++t)
+          for (int64_t m = 0; m < rows; ++m)
+            _mm512_store_si512(xpairs + (t * rows + m) * 16,
+                               _mm512_permutexvar_epi32(
+                                   x_idx, _mm512_castsi256_si512(_mm256_loadu_si256(
+                                              reinterpret_cast<const __m256i*>(
+                                                  pb.x + (m_begin + m) * pb.ldx + k0 + 16 * t)))));
+      }
       for (int64_t l = 0; l < lines; ++l) {
         const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
         const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
-        const int32_t* qline = pb.qweight + n0 / 8 + 16 * l;
+        // One pointer stepped by a row (16 row addresses held at once made GCC spill them).
+        const int32_t* row = pb.qweight + n0 / 8 + 16 * l + k0 * ldq;
+        const int64_t ahead = kLutStrip * ldq;  // the next strip's row, prefetched into L2
         for (int64_t t = 0; t < tiles; ++t) {
           __m512i r[16];
-          for (int i = 0; i < 16; ++i) {
-            const int32_t* row = qline + (k0 + 16 * t + i) * ldq;
-            _mm_prefetch(reinterpret_cast<const char*>(row + kLutStrip * ldq), _MM_HINT_T1);
-            r[i] = _mm512_maskz_loadu_epi32(wmask, row);
+          if (words == kLutLineWords) {
+            for (int i = 0; i < 16; ++i, row += ldq) {
+              _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+              r[i] = _mm512_loadu_si512(row);
+            }
+          } else {
+            for (int i = 0; i < 16; ++i, row += ldq) {
+              _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+              r[i] = _mm512_maskz_loadu_epi32(wmask, row);
+            }
           }
           transpose16(r);
           for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
@@ -296,15 +320,15 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         for (int64_t w = 0; w < words; ++w) {
           int64_t m = m_begin;
           for (; m + 8 <= m_end; m += 8)
-            lut_rows<D, 8>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);
+            lut_rows<D, 8>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);
           switch (m_end - m) {
-            case 7: lut_rows<D, 7>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 6: lut_rows<D, 6>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 5: lut_rows<D, 5>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 4: lut_rows<D, 4>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 3: lut_rows<D, 3>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 2: lut_rows<D, 2>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 1: lut_rows<D, 1>(pb, xf, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 7: lut_rows<D, 7>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 6: lut_rows<D, 6>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 5: lut_rows<D, 5>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 4: lut_rows<D, 4>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 3: lut_rows<D, 3>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 2: lut_rows<D, 2>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 1: lut_rows<D, 1>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
             default: break;
           }
         }
