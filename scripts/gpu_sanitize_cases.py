@@ -191,6 +191,13 @@ def case_list(c: Cases):
             dt = f16 if split == 1 else bf16
             cases.append((f"awq_gemm {DTYPE_NAME[dt]} M={m} K=512 N=128 g128 split_k={split}",
                           lambda m=m, split=split, dt=dt: c.awq_gemm(m, 512, 128, 128, dt, split)))
+    # N not a multiple of the N tile (256 columns at M <= 32, 128 above): the last tile is shifted
+    # left to end at the row (its overlap with the previous tile is stored once); N = 584 also
+    # pads qweight rows to 16 bytes.
+    cases.append(("awq_gemm bf16 M=1 K=512 N=640 g64 split_k=8",
+                  lambda: c.awq_gemm(1, 512, 640, 64, bf16, 8)))
+    cases.append(("awq_gemm fp16 M=33 K=512 N=584 g128 split_k=1",
+                  lambda: c.awq_gemm(33, 512, 584, 128, f16, 1)))
     # M picks the tile height: 16 rows (M=1), 32 (M=17), 48 (M=33), 64 (M=64), two row tiles (65).
     for m, dt in ((1, f16), (17, bf16), (33, f16), (64, f16), (65, bf16)):
         cases.append((f"w4a16_gemm {DTYPE_NAME[dt]} M={m} K=256 N=128 per-channel",
