@@ -16,7 +16,7 @@ from conftest import backend_or_skip
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 3 (bf16, with AVX512-BF16) or 4 (fp16) on an
+# The decode path is the default at M <= 4 (bf16 with AVX512-BF16, and fp16) on an
 # AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
 # larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}

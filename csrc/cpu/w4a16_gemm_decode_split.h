@@ -49,7 +49,7 @@ inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa is
   const bool dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && p.a_bf16 != nullptr;
   return (dpbf16 || (is_avx512(isa) && fp16)) &&
          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows, w4a16_gemm_pair_max_rows(fp16));
+         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows, w4a16_gemm_pair_max_rows());
 #else
   (void)p;
   (void)isa;

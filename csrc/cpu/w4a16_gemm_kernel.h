@@ -100,20 +100,23 @@ inline int64_t w4a16_gemm_lut_max_rows(bool dpbf16) {
   return env ? std::atoll(env) : (dpbf16 ? 0 : 8);
 }
 
-// Rows of a up to which the decode path is used (pair_chunks_avx512): bf16 up to 3 rows, fp16
-// up to 4 (the lookup tables above, fp16 at M = 8: 5.4 ms against 5.0); W4K_W4A16_PAIR_ROWS
+// Rows of a up to which the decode path is used (pair_chunks_avx512): 4 (bf16 and fp16; fp16
+// above it: the lookup tables, at M = 8 5.0 ms against the decode path's 5.4); W4K_W4A16_PAIR_ROWS
 // overrides it (0 turns the path off: tests compare the paths). bf16, measured 2026-11-24 with
 // the blocked path decoding through the decode path's tables (GPTQ g128, weights rotated, the
-// two paths alternating in one process, machine shared with a helper's builds; ms, decode /
-// blocked, three runs): one thread (min CPU time), 4096 x 4096: M = 2 0.81 / 1.04, 3 1.08 /
+// two paths alternating in one process, machine shared with a helper's builds and tests; ms,
+// decode / blocked, ranges over runs): one thread (min CPU time), 4096 x 4096: M = 3 1.08 /
 // 1.29, 4 1.45-1.54 / 1.29-1.31, 6 1.66-1.84 / 1.66-1.85, 8 2.07-2.46 / 2.04-2.15; 11008 x 4096:
-// M = 3 2.94 / 3.56, 4 4.17-4.26 / 3.48-3.52, 6 4.69-5.87 / 4.70-4.87, 8 5.87-7.62 / 5.65-5.69;
-// two threads (medians, the quietest run), M = 4: 0.79 / 0.78, 2.01 / 1.91, 2.21 / 2.01 on
-// 4096 x 4096, 11008 x 4096, 4096 x 11008; M = 6: 1.02 / 0.98, 2.79 / 2.35, 2.96 / 2.46; M = 8:
-// 1.21 / 1.12, 3.77 / 2.85, 3.83 / 3.30. From 4 rows the blocked path is as fast or faster.
-inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
+// M = 4 4.17-4.26 / 3.48-3.52, 8 5.87-7.62 / 5.65-5.69. Two threads (medians), 4096 x 4096 /
+// 4096 x 11008 / 11008 x 4096: M = 4 0.73-0.80 / 0.78-0.89, 2.06-2.21 / 2.01-2.13, 2.01-2.24 /
+// 1.91-2.35; M = 5 0.88 / 0.88-0.97, 2.20-2.67 / 2.20-2.29, 2.40-2.42 / 2.32-2.78; M = 6
+// 1.02-1.11 / 0.98-1.02, 2.86-2.96 / 2.46-2.70, 2.79-2.86 / 2.35-2.89; M = 8 1.16-1.21 /
+// 1.12-1.19, 3.22-3.83 / 3.10-3.30, 3.77 / 2.85. With two threads the decode path is as fast or
+// faster up to 4 rows (its work split over K, w4a16_gemm_decode_split.h, balances better), the
+// blocked path from 6; at 5 the runs disagree.
+inline int64_t w4a16_gemm_pair_max_rows() {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : (fp16 ? 4 : 3);
+  return env ? std::atoll(env) : 4;
 }
 
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
@@ -161,7 +164,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows(fp16);
+                         rows <= w4a16_gemm_pair_max_rows();
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   if (use_lut || use_pairs || use_dpbf16) {
