@@ -24,6 +24,12 @@
 
 namespace w4k::cpu {
 
+// GCC 12's avx512fintrin.h initializes its "undefined" vectors from themselves, which
+// -Wuninitialized reports wherever they get inlined (as in w4a16_gemm_avx512.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 // Rows M from which w4a16_gemm (G > 1) dequantizes once and calls torch's matmul instead of
 // running the kernel. Measured with `benchmarks/bench_w4a16_cpu.py --routes` (README "CPU
 // w4a16_gemm", dispatch by M): bf16 never by default since the blocked vdpbf16ps path decodes
@@ -146,5 +152,7 @@ inline void dequant_rows_to_half(const W4a16GemmProblem& p, int64_t kt0, int64_t
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace w4k::cpu
