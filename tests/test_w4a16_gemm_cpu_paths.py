@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import golden
-from conftest import backend_or_skip
+from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
@@ -224,3 +224,58 @@ def test_large_call_own_scratch():
         half = dict(case, a=case["a"][rows].contiguous(), size_m=512)
         halves.append(call(b, half))
     assert golden.same_bits(whole, torch.cat(halves))
+
+
+# Blocked paths, every ISA (issue 9 item 6): from 5 rows (bf16 with AVX512-BF16) or 9 rows (fp16;
+# bf16 on the fp32 blocked path, which W4K_W4A16_DPBF16=0 selects; below 9 rows those take the
+# lookup tables) every path adds each output's products in one fp32 chain in the same order
+# (bf16: k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products), so the
+# portable C++, the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits
+# on random inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them).
+# Shapes: K = 11008 (k-blocks of 64 and 256 rows) and 1040 (65 k-tiles), N = 192, act-order
+# (k-tiles whose rows span groups: the fp32 decode), zero points, per channel with bias.
+ISA_ENVS = {
+    "scalar": {"W4K_CPU_ISA": "scalar"},
+    "avx2": {"W4K_CPU_ISA": "avx2"},
+    "avx512-fp32": {"W4K_W4A16_DPBF16": "0"},
+    "avx512-dpbf16": {},
+}
+ISA_NEEDS = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
+             "avx512-fp32": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+             "avx512-dpbf16": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}}
+BLOCKED_CASES = [(torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
+                 (torch.float16, 9), (torch.float16, 37)]
+
+
+@pytest.mark.parametrize("dtype,m", BLOCKED_CASES,
+                         ids=[f"{str(d)[6:]}-M{m}" for d, m in BLOCKED_CASES])
+@pytest.mark.parametrize("size_k", [11008, 1040])
+@pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act_zp"])
+def test_blocked_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
+    b = backend_or_skip("cpu", OP)
+    large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
+    group, act, zp, bias = {"g128": (large, None, False, False),
+                            "g32_zp": (small, None, True, False),
+                            "chan_zp_bias": (-1, None, True, True),
+                            "act_zp": (large, "k_full", True, True)}[config]
+    case = make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k)
+    flags = cpu_flags()
+    excluded = set()
+    if m < 9:
+        excluded.add("avx512-fp32")  # the lookup-table path below 9 rows
+    if dtype == torch.float16:
+        excluded.add("avx512-dpbf16")  # no vdpbf16ps for fp16: the same path as avx512-fp32
+    paths = [name for name, need in ISA_NEEDS.items() if need <= flags and name not in excluded]
+    if len(paths) < 2:
+        pytest.skip(f"this CPU runs fewer than two of the blocked paths ({paths})")
+    outs = {}
+    for name in paths:
+        with monkeypatch.context() as mp:
+            mp.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "1000000")  # the kernel, not the dense route
+            for key, value in ISA_ENVS[name].items():
+                mp.setenv(key, value)
+            outs[name] = call(b, case)
+    first = paths[0]
+    for name in paths[1:]:
+        assert golden.same_bits(outs[name], outs[first]), f"{name} and {first} differ"
+    check_against_reference(b, case)

@@ -4,8 +4,9 @@
 // * weights: w = T((q - z) * s), the product exact in fp32, then ONE round-to-nearest-even
 //   (fp16: vcvtps2ph, which rounds as round_to_fp16 does, subnormals and overflow included;
 //   bf16: the integer rounding of round_to_bf16, NaN passed through unchanged as it does);
-// * sums: acc[i][x] += a[i][k] * w[k][x] for k = 0, 1, ..., K - 1 in order, the product rounded
-//   to fp32, then the sum (vmulps + vaddps, as the portable loop, compiled without FMA). The
+// * sums: acc[i][x] += a[i][k] * w[k][x] for k = 0, 1, ..., K - 1 in order (bf16: k = 1, 0, 3,
+//   2, ..., the vdpbf16ps order, see micro_generic), the product rounded to fp32, then the sum
+//   (vmulps + vaddps, as the portable loop, compiled without FMA). The
 //   product has at most 22 significant bits, but for bf16 it can underflow or overflow fp32,
 //   and there an FMA would differ from the portable bits. So the functions here are compiled
 //   for avx2 + f16c WITHOUT fma: GCC contracts mul + add into an FMA wherever FMA is enabled,
@@ -75,16 +76,18 @@ W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* 
   }
 }
 
-// acc[i][c0 .. c0 + 8 NV - 1] += a[i][k] * wbuf[k][c0 ..], k = 0 .. kc - 1 in order, for MR
-// rows: MR x NV accumulators + NV weight vectors + 1 broadcast in the 16 ymm registers
-// (6 x 2 for many rows; 1 x 8 for one row, whose 8 independent chains hide the add latency).
-template <int MR, int NV>
+// acc[i][c0 .. c0 + 8 NV - 1] += a[i][k] * wbuf[k][c0 ..], k = 0 .. kc - 1 in order (kPairs:
+// k = 1, 0, 3, 2, ..., micro_generic's bf16 order), for MR rows: MR x NV accumulators + NV
+// weight vectors + 1 broadcast in the 16 ymm registers (6 x 2 for many rows; 1 x 8 for one row,
+// whose 8 independent chains hide the add latency).
+template <int MR, int NV, bool kPairs>
 W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, int64_t kc,
                                float* acc, int c0) {
   __m256 c[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int v = 0; v < NV; ++v) c[i][v] = _mm256_loadu_ps(acc + i * 64 + c0 + 8 * v);
-  for (int64_t k = 0; k < kc; ++k) {
+  for (int64_t k0 = 0; k0 < kc; ++k0) {
+    const int64_t k = kPairs ? (k0 ^ 1) : k0;
     __m256 w[NV];
     for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(wbuf + k * 64 + c0 + 8 * v);
 #pragma GCC unroll 6
@@ -101,10 +104,11 @@ W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, i
 
 // micro_generic's contract for any number of rows: tiles of 6 rows x 16 columns (one row:
 // 1 x 64).
+template <bool kPairs>
 W4K_W4A16_AVX2 inline void micro_avx2_rows(const float* a, int64_t lda, const float* wbuf,
                                            int64_t kc, float* acc, int64_t rows) {
   if (rows == 1) {
-    micro_avx2<1, 8>(a, lda, wbuf, kc, acc, 0);
+    micro_avx2<1, 8, kPairs>(a, lda, wbuf, kc, acc, 0);
     return;
   }
   for (int64_t i0 = 0; i0 < rows; i0 += 6) {
@@ -112,15 +116,21 @@ W4K_W4A16_AVX2 inline void micro_avx2_rows(const float* a, int64_t lda, const fl
     float* acc_i = acc + i0 * 64;
     for (int c0 = 0; c0 < 64; c0 += 16) {
       switch (rows - i0 >= 6 ? 6 : rows - i0) {
-        case 6: micro_avx2<6, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 5: micro_avx2<5, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 4: micro_avx2<4, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 3: micro_avx2<3, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        case 2: micro_avx2<2, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
-        default: micro_avx2<1, 2>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 6: micro_avx2<6, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 5: micro_avx2<5, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 4: micro_avx2<4, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 3: micro_avx2<3, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        case 2: micro_avx2<2, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
+        default: micro_avx2<1, 2, kPairs>(a_i, lda, wbuf, kc, acc_i, c0); break;
       }
     }
   }
+}
+
+W4K_W4A16_AVX2 inline void micro_avx2_rows(const float* a, int64_t lda, const float* wbuf,
+                                           int64_t kc, float* acc, int64_t rows, bool pairs) {
+  if (pairs) micro_avx2_rows<true>(a, lda, wbuf, kc, acc, rows);
+  else micro_avx2_rows<false>(a, lda, wbuf, kc, acc, rows);
 }
 
 }  // namespace w4k::cpu

@@ -108,8 +108,9 @@ __attribute__((target("avx512f"))) inline void dequant_mixed_tile_avx512(
   else dequant_tile_avx512<false, kFp16>(words, srow, zrow, wtile);
 }
 
-// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64], MR rows held in 4 * MR registers.
-template <int MR>
+// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64], MR rows held in 4 * MR registers; k in
+// order, or with kPairs k = 1, 0, 3, 2, ... (micro_generic's bf16 order).
+template <int MR, bool kPairs>
 __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda,
                                                      const float* wbuf, int64_t kc,
                                                      float* acc) {
@@ -118,7 +119,8 @@ __attribute__((target("avx512f"))) void micro_avx512(const float* a, int64_t lda
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) c[i][q] = _mm512_loadu_ps(acc + i * 64 + 16 * q);
-  for (int64_t k = 0; k < kc; ++k) {
+  for (int64_t k0 = 0; k0 < kc; ++k0) {
+    const int64_t k = kPairs ? (k0 ^ 1) : k0;
     const float* w_row = wbuf + k * 64;
     __m512 w0 = _mm512_loadu_ps(w_row), w1 = _mm512_loadu_ps(w_row + 16);
     __m512 w2 = _mm512_loadu_ps(w_row + 32), w3 = _mm512_loadu_ps(w_row + 48);
@@ -158,9 +160,13 @@ inline void for_row_blocks(int64_t rows, F&& f) {
 
 __attribute__((target("avx512f"))) inline void micro_avx512_rows(const float* a, int64_t lda,
                                                                  const float* wbuf, int64_t kc,
-                                                                 float* acc, int64_t rows) {
+                                                                 float* acc, int64_t rows,
+                                                                 bool pairs = false) {
   for_row_blocks(rows, [&](auto mr, int64_t i) {
-    micro_avx512<decltype(mr)::value>(a + i * lda, lda, wbuf, kc, acc + i * 64);
+    if (pairs)
+      micro_avx512<decltype(mr)::value, true>(a + i * lda, lda, wbuf, kc, acc + i * 64);
+    else
+      micro_avx512<decltype(mr)::value, false>(a + i * lda, lda, wbuf, kc, acc + i * 64);
   });
 }
 

@@ -53,12 +53,16 @@ inline void dequant_tile_generic(const int32_t* words, const float* const* srow,
   }
 }
 
-// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64] for rows i < rows.
+// acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64] for rows i < rows, one fp32 chain per
+// output: k = 0, 1, 2, ... or, with `pairs` (bf16 activations, kc even), k = 1, 0, 3, 2, ...:
+// the order in which vdpbf16ps adds a k-pair's two products (the odd row first), so that the
+// blocked vdpbf16ps path and every other path give the same bits (kBf16PairOrder).
 inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_t kc,
-                          float* acc, int64_t rows) {
+                          float* acc, int64_t rows, bool pairs) {
   for (int64_t i = 0; i < rows; ++i) {
     float* acc_row = acc + i * 64;
-    for (int64_t k = 0; k < kc; ++k) {
+    for (int64_t k0 = 0; k0 < kc; ++k0) {
+      const int64_t k = pairs ? (k0 ^ 1) : k0;
       const float av = a[i * lda + k];
       const float* w_row = wbuf + k * 64;
       for (int x = 0; x < 64; ++x) acc_row[x] += av * w_row[x];
@@ -138,6 +142,10 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
   const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
                           p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
+  // bf16 activations on the fp32 blocked paths: each k-pair's products added odd row first, as
+  // vdpbf16ps does, so that a CPU with and one without AVX512-BF16 (and the AVX2 and portable
+  // paths) give the same bits (micro_generic).
+  const bool bf16_pairs = p.weight_type == HalfType::kBFloat16;
   // Rows of K per dequantized block. fp32: 64 x 64 fp32 = 16 KiB (half of L1). bf16 pairs,
   // above 32 rows of a: 256 rows = 128 pair rows x 64 columns x 4 bytes = 32 KiB, so every
   // load/store of the 6 x 64 accumulators is spread over 128 k-pairs x 24 vdpbf16ps; up to 32
@@ -295,17 +303,17 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
         continue;
       }
       if (avx512) {
-        micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+        micro_avx512_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
         continue;
       }
 #endif
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
       if (avx2) {
-        micro_avx2_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+        micro_avx2_rows(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
         continue;
       }
 #endif
-      micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows);
+      micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
     }
     for (int64_t i = 0; i < rows; ++i) {
       float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
