@@ -226,14 +226,18 @@ def test_large_call_own_scratch():
     assert golden.same_bits(whole, torch.cat(halves))
 
 
-# Blocked paths, every ISA (issue 9 item 6): from 5 rows (bf16 with AVX512-BF16) or 9 rows (fp16;
-# bf16 on the fp32 blocked path, which W4K_W4A16_DPBF16=0 selects; below 9 rows those take the
-# lookup tables) every path adds each output's products in one fp32 chain in the same order
-# (bf16: k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products), so the
-# portable C++, the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits
-# on random inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them).
-# Shapes: K = 11008 (k-blocks of 64 and 256 rows) and 1040 (65 k-tiles), N = 192, act-order
-# (k-tiles whose rows span groups: the fp32 decode), zero points, per channel with bias.
+# Every ISA, the same bits (issue 9 item 6). At M <= 4 every path adds the products in the
+# AVX-512 decode path's order (K slices of 64 k-tiles, lane sums per column; decode_order_chunk
+# in w4a16_gemm_kernel.h; bf16 on an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0
+# selects, takes the lookup tables instead up to 8 rows); from 5 rows (bf16 with AVX512-BF16)
+# or 9 rows (fp16; bf16 without AVX512-BF16: the fp32 blocked path; at 5..8 rows those take the
+# lookup tables)
+# every blocked path adds each output's products in one fp32 chain in the same order (bf16:
+# k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
+# the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
+# inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them). Shapes: K =
+# 11008 (11 slices; k-blocks of 64 and 256 rows) and 1040 (65 k-tiles: 2 slices), N = 192,
+# act-order (k-tiles whose rows span groups: the fp32 decode), zero points, per channel + bias.
 ISA_ENVS = {
     "scalar": {"W4K_CPU_ISA": "scalar"},
     "avx2": {"W4K_CPU_ISA": "avx2"},
@@ -243,7 +247,9 @@ ISA_ENVS = {
 ISA_NEEDS = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
              "avx512-fp32": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
              "avx512-dpbf16": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}}
-BLOCKED_CASES = [(torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
+BLOCKED_CASES = [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 4),
+                 (torch.float16, 1), (torch.float16, 4),
+                 (torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
                  (torch.float16, 9), (torch.float16, 37)]
 
 
@@ -251,7 +257,7 @@ BLOCKED_CASES = [(torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
                          ids=[f"{str(d)[6:]}-M{m}" for d, m in BLOCKED_CASES])
 @pytest.mark.parametrize("size_k", [11008, 1040])
 @pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act_zp"])
-def test_blocked_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
+def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
     b = backend_or_skip("cpu", OP)
     large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
     group, act, zp, bias = {"g128": (large, None, False, False),
@@ -261,8 +267,8 @@ def test_blocked_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m
     case = make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k)
     flags = cpu_flags()
     excluded = set()
-    if m < 9:
-        excluded.add("avx512-fp32")  # the lookup-table path below 9 rows
+    if m < 9 and dtype == torch.bfloat16:
+        excluded.add("avx512-fp32")  # bf16 without AVX512-BF16: the lookup-table path up to 8 rows
     if dtype == torch.float16:
         excluded.add("avx512-dpbf16")  # no vdpbf16ps for fp16: the same path as avx512-fp32
     paths = [name for name, need in ISA_NEEDS.items() if need <= flags and name not in excluded]

@@ -28,28 +28,19 @@
 
 namespace w4k::cpu {
 
-// k-tiles per slice: 1024 rows of K (8 * size_n * 64 bytes of the weight: 2 MiB at N = 4096).
-constexpr int64_t kDecodeSliceTiles = 64;
 // k-tiles per block within a slice (pair_chunks_avx512's tiles_per_block): 8 rows of the whole
 // weight row range, 256 KiB at N = 4096 (the next block is prefetched into L2 meanwhile).
 // Measured (A/B alternating in one process, 2 threads, machine shared, load 3-4): blocks of 8
 // were the fastest of 4 / 8 / 16 on 4096x4096, 11008x4096 and 4096x11008 (by 8-25%; 16, the
 // column split's value, thrashes L2 with the prefetched block and the tables of every chunk).
 constexpr int64_t kDecodeSplitBlockTiles = 8;
-// Rows of a up to which the split applies (above, the column split of w4a16_gemm_cpu_chunks).
-constexpr int64_t kDecodeSplitMaxRows = 4;
-
 // Whether the K-sliced decode path runs: the decode path's own conditions (w4a16_gemm_cpu_chunks)
-// at M <= 4. W4K_W4A16_KSPLIT=0 turns it off (tests compare it with the column split).
+// at M <= 4 (decode_order_applies) on a CPU that has it.
 inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #ifdef W4K_HAVE_AVX512_PATH
-  const char* env = std::getenv("W4K_W4A16_KSPLIT");
-  if (env && std::strcmp(env, "0") == 0) return false;
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && p.a_bf16 != nullptr;
-  return (dpbf16 || (is_avx512(isa) && fp16)) &&
-         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows, w4a16_gemm_pair_max_rows());
+  return (dpbf16 || (is_avx512(isa) && fp16)) && decode_order_applies(p);
 #else
   (void)p;
   (void)isa;

@@ -123,6 +123,139 @@ inline int64_t w4a16_gemm_pair_max_rows() {
   return env ? std::atoll(env) : 4;
 }
 
+// ---- the decode path's summation order, for every ISA --------------------------------------
+//
+// At M <= 4 the AVX-512 decode path (pair_chunks_avx512 inside the K slices of
+// w4a16_gemm_decode_split.h) adds the products of each output in this order, and the portable
+// and AVX2 paths follow it through decode_order_chunk, so they give the same bits (not bf16 on
+// an AVX-512 CPU without BF16, whose lookup-table path keeps 16 lane sums per column):
+// * K is cut into slices of kDecodeSliceTiles k-tiles; each slice's sum is formed alone, and the
+//   slices' sums are added in slice order (total = s0, then total + s1, ...), then the epilogue;
+// * within a slice, each column keeps lane sums over its k-tiles in order: bf16 4 lanes, lane t
+//   taking per tile the k-pairs (2t, 2t + 1) then (2t + 8, 2t + 9), each pair's odd row first
+//   (vdpbf16ps); fp16 8 lanes (t, r) taking rows 2t + r then 2t + 8 + r; at the slice's end
+//   bf16 (L0 + L1) + (L2 + L3), fp16 ((L00 + L01) + (L10 + L11)) + ((L20 + L21) + (L30 + L31));
+// * k-tiles whose rows span groups (act-order) go to a separate fp32 sum in k order (`extra`),
+//   added after the lanes: slice sum = lanes + extra.
+// k-tiles per slice: 1024 rows of K (8 * size_n * 64 bytes of the weight: 2 MiB at N = 4096).
+constexpr int64_t kDecodeSliceTiles = 64;
+// Rows of a up to which the K-sliced split (and so this order) applies.
+constexpr int64_t kDecodeSplitMaxRows = 4;
+
+// Whether this order applies to a problem (on every ISA): fp16 or bf16 activations, groups of
+// whole k-tiles or act-order, M <= 4 and within the decode path's rows. W4K_W4A16_KSPLIT=0 turns
+// the K slices off on AVX-512 (its decode path then sums all of K in one slice): a test knob;
+// the other ISAs then run their blocked loops (so the bits of AVX-512 and the others differ).
+inline bool decode_order_applies(const W4a16GemmProblem& p) {
+  const char* env = std::getenv("W4K_W4A16_KSPLIT");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  return (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows, w4a16_gemm_pair_max_rows());
+}
+
+// Rows [m0, m0 + rows) of chunk ch in the decode path's order (above). decode_tile(words, srow,
+// zrow, wtile) decodes one k-tile into wtile[16][64] (wbuf column order) as
+// dequant_tile_generic does; sc / zf / chan_scale: decode_chunk_groups of the chunk. The inner
+// loops run over the 64 columns, one fp32 multiply and one add per product (no fma: the
+// products are exact, so this is the AVX-512 path's fma, and the function is also inlined into
+// the AVX2 target, which is built without FMA).
+template <typename DecodeTile>
+__attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
+                               const int32_t* tile_group, const float* sc, const float* zf,
+                               const float* chan_scale, DecodeTile&& decode_tile,
+                               std::vector<float>& scratch) {
+  const MarlinChunkTables& tb = chunk_tables();
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const int64_t nl = fp16 ? 8 : 4, num_tiles = p.size_k / 16;
+  scratch.resize(rows * (nl + 2) * 64 + 16 * 64);
+  float* lanes = scratch.data();          // [row][lane][64]
+  float* extra = lanes + rows * nl * 64;  // [row][64]
+  float* total = extra + rows * 64;       // [row][64]
+  float* wtile = total + rows * 64;       // [16][64]
+  const float* srow[16];
+  const float* zrow[16];
+  for (int64_t s0 = 0; s0 < num_tiles; s0 += kDecodeSliceTiles) {
+    const int64_t s1 = std::min(num_tiles, s0 + kDecodeSliceTiles);
+    std::fill(lanes, lanes + rows * (nl + 1) * 64, 0.0f);  // lanes and extra
+    for (int64_t kt = s0; kt < s1; ++kt) {
+      for (int r = 0; r < 16; ++r) {
+        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
+        srow[r] = sc + g * 64;
+        zrow[r] = zf ? zf + g * 64 : nullptr;
+      }
+      decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr, wtile);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* a = p.a + (m0 + i) * p.lda + 16 * kt;
+        if (tile_group[kt] < 0) {
+          float* e = extra + i * 64;
+          for (int k = 0; k < 16; ++k)
+            for (int x = 0; x < 64; ++x) e[x] += a[k] * wtile[64 * k + x];
+          continue;
+        }
+        // A lane's products of one tile in one pass over the columns (its sum loaded and stored
+        // once), in the order above.
+        for (int t = 0; t < 4; ++t) {
+          const int k = 2 * t;
+          const float* w0 = wtile + 64 * k;
+          if (fp16) {
+            for (int r = 0; r < 2; ++r) {
+              float* lane = lanes + (i * nl + 2 * t + r) * 64;
+              const float a0 = a[k + r], a8 = a[k + 8 + r];
+              const float* wr = w0 + 64 * r;
+              for (int x = 0; x < 64; ++x) lane[x] = (lane[x] + a0 * wr[x]) + a8 * wr[512 + x];
+            }
+          } else {
+            float* lane = lanes + (i * nl + t) * 64;
+            const float a0 = a[k], a1 = a[k + 1], a8 = a[k + 8], a9 = a[k + 9];
+            for (int x = 0; x < 64; ++x)
+              lane[x] = (((lane[x] + a1 * w0[64 + x]) + a0 * w0[x]) + a9 * w0[576 + x]) +
+                        a8 * w0[512 + x];
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < rows; ++i)
+      for (int x = 0; x < 64; ++x) {
+        const float* l = lanes + i * nl * 64 + x;
+        const float col =
+            fp16 ? ((l[0] + l[64]) + (l[128] + l[192])) + ((l[256] + l[320]) + (l[384] + l[448]))
+                 : (l[0] + l[64]) + (l[128] + l[192]);
+        const float slice_sum = col + extra[i * 64 + x];
+        total[i * 64 + x] = s0 == 0 ? slice_sum : total[i * 64 + x] + slice_sum;
+      }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+    for (int x = 0; x < 64; ++x) {
+      const int n = tb.colperm[x];
+      c_row[n] = epilogue(total[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+// decode_order_chunk with the AVX2 tile decode, compiled for AVX2 (no FMA: see w4a16_gemm_avx2.h).
+W4K_W4A16_AVX2 inline void decode_order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch,
+                                                   int64_t m0, int64_t rows,
+                                                   const int32_t* tile_group, const float* sc,
+                                                   const float* zf, const float* chan_scale,
+                                                   std::vector<float>& scratch) {
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale,
+                     [&](const int32_t* words, const float* const* srow, const float* const* zrow,
+                         float* wtile) {
+                       if (chan_scale && zrow) dequant_tile_avx2<true, false, true>(words, srow, zrow, wtile);
+                       else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, wtile);
+                       else if (zrow && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, wtile);
+                       else if (zrow) dequant_tile_avx2<true, false>(words, srow, zrow, wtile);
+                       else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, wtile);
+                       else dequant_tile_avx2<false, false>(words, srow, zrow, wtile);
+                     },
+                     scratch);
+}
+#endif
+
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
 // Paths: AVX-512 lookup tables (few rows), else the blocked path (dequantize 64
 // rows of K x 64 columns, then register-blocked FMAs; vdpbf16ps for bf16), else portable C++
@@ -173,9 +306,14 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
                          rows <= w4a16_gemm_pair_max_rows();
+  // M <= 4 on the portable and AVX2 paths: the AVX-512 decode path's summation order
+  // (decode_order_chunk), so that they give its bits. (bf16 on an AVX-512 CPU without BF16 keeps
+  // its lookup tables, 2.3x faster there than this order through the AVX2 code: one thread,
+  // 4096 x 4096, M = 1 1.8-1.9 against 4.3-4.5 ms; its bits may differ.)
+  const bool decode_order = !avx512 && decode_order_applies(p);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut || use_pairs || use_dpbf16) {
+  if (use_lut || use_pairs || use_dpbf16 || decode_order) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -200,6 +338,27 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     return 0;
   }
 #endif
+  if (decode_order) {
+    std::vector<float> order_scratch;
+    for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
+      decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
+      const float* z = has_zp ? zf.data() : nullptr;
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+      if (avx2) {
+        decode_order_chunk_avx2(p, ch, m0, rows, tile_group.data(), sc.data(), z, chan_scale,
+                                order_scratch);
+        continue;
+      }
+#endif
+      decode_order_chunk(p, ch, m0, rows, tile_group.data(), sc.data(), z, chan_scale,
+                         [&](const int32_t* words, const float* const* srow,
+                             const float* const* zrow, float* wtile) {
+                           dequant_tile_generic(words, srow, zrow, p.weight_type, wtile);
+                         },
+                         order_scratch);
+    }
+    return 0;
+  }
   (void)use_lut;
   (void)use_pairs;
   (void)use_dpbf16;
