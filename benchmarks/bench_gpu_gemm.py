@@ -26,14 +26,21 @@ bytes), which is what a purely memory-bound kernel could reach.
     python benchmarks/bench_gpu_gemm.py --quick               # 4 values of M, 2 shapes, fp16
     python benchmarks/bench_gpu_gemm.py --m 1 16 --dtype bf16 --act-order
     python benchmarks/bench_gpu_gemm.py --graph --m 1 4 16 64 128   # CUDA-graph replays
+    python benchmarks/bench_gpu_gemm.py --lean --m 1 4 16     # A/B: the register-lean kernel
     python benchmarks/bench_gpu_gemm.py --simt                # no GPU: exercise this script on
                                                               # CPU (emulator; times meaningless)
+
+``--lean``: A/B of w4a16_gemm's register-lean 16-row kernel (W4K_W4A16_CUDA_LEAN=1, M <= 16)
+against the default one (W4K_W4A16_CUDA_LEAN=0), both timed in the same run on the same weight
+copies: extra columns "lean ms", its "%copy" and "lean x" = default ms / lean ms (> 1: the lean
+kernel is faster; at M > 16 both columns run the default kernel).
 
 Without a GPU (and without ``--simt``) it prints why and exits with status 0.
 """
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -51,6 +58,7 @@ SIMT_M = [1, 33]
 GROUP_SIZE = 128
 L2_BYTES = 50e6  # H100 / H200 L2
 MAX_COPIES = 64
+LEAN_ENV = "W4K_W4A16_CUDA_LEAN"  # read by the w4a16_gemm binding on every call
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
@@ -226,14 +234,23 @@ class Layer:
         self.denses = [self.dense] + [self.dense.clone() for _ in range(self.n_dense - 1)]
 
 
-def methods(ns, layer, split_k_iters):
-    """name -> (fn(x, i), copies): the four ways to compute x @ W with weight copy i."""
+def methods(ns, layer, split_k_iters, lean=False):
+    """name -> (fn(x, i), copies): the four ways to compute x @ W with weight copy i (lean: a
+    fifth, w4a16_gemm with W4K_W4A16_CUDA_LEAN=1, and the default one with it set to 0)."""
     k, n = layer.size_k, layer.size_n
 
-    def w4a16(x, i):
+    def w4a16_call(x, i):
         b_q_weight, b_scales, b_zeros = layer.marlin[i]
         return ns.w4a16_gemm(x, b_q_weight, b_scales, b_zeros, layer.g_idx, layer.perm,
                              layer.workspace, 4, x.shape[0], n, k, True, None, True)
+
+    def with_lean(value):
+        def fn(x, i):
+            os.environ[LEAN_ENV] = value
+            return w4a16_call(x, i)
+        return fn
+
+    w4a16 = with_lean("0") if lean else w4a16_call
 
     def awq(x, i):
         qweight, scales, qzeros = layer.awq[i]
@@ -246,8 +263,11 @@ def methods(ns, layer, split_k_iters):
     def cublas(x, i):
         return torch.matmul(x, layer.denses[i])
 
-    return {"cublas": (cublas, layer.n_dense), "deq+mm": (deq_mm, layer.n_int4),
-            "w4a16": (w4a16, layer.n_int4), "awq": (awq, layer.n_int4)}
+    fns = {"cublas": (cublas, layer.n_dense), "deq+mm": (deq_mm, layer.n_int4),
+           "w4a16": (w4a16, layer.n_int4), "awq": (awq, layer.n_int4)}
+    if lean:
+        fns["lean"] = (with_lean("1"), layer.n_int4)
+    return fns
 
 
 def check(name, out, x, layer):
@@ -282,6 +302,10 @@ def main():
     parser.add_argument("--graph", action="store_true",
                         help="time calls replayed from CUDA graphs (no launch gaps or per-call "
                              "events; decode as vLLM runs it) instead of event pairs per call")
+    parser.add_argument("--lean", action="store_true",
+                        help="also time w4a16_gemm's register-lean 16-row kernel "
+                             "(W4K_W4A16_CUDA_LEAN=1) next to the default (=0): columns lean ms, "
+                             "%%copy, lean x = default / lean")
     parser.add_argument("--simt", action="store_true",
                         help="run on CPU under the SIMT emulator with a tiny shape (checks the "
                              "script itself; the timings mean nothing)")
@@ -323,6 +347,10 @@ def main():
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'cuBLAS ms':>10} {'deq+mm ms':>10} {'w4a16 ms':>9} "
               f"{'awq ms':>9} {'TFLOP/s':>8} {'wt GB/s':>8} {'%copy':>6} {'w4a16 x':>8} "
               f"{'awq x':>6} {'ideal x':>8}")
+    if args.lean:
+        header += f" {'lean ms':>9} {'%copy':>6} {'lean x':>7}"
+        print(f"--lean: 'lean' = w4a16_gemm with {LEAN_ENV}=1 (the register-lean kernel at "
+              f"M <= 16), w4a16 = {LEAN_ENV}=0; lean x = w4a16 ms / lean ms")
     failures = 0
     graph_failures = set()  # --graph: methods whose calls could not be captured (nan in the table)
     for dname in dtype_names:
@@ -335,14 +363,17 @@ def main():
                 print(f"{dname} K={size_k} N={size_n}: skipped, out of GPU memory")
                 torch.cuda.empty_cache()
                 continue
-            fns = methods(ns, layer, args.split_k_iters)
+            fns = methods(ns, layer, args.split_k_iters, args.lean)
             print(f"\n{dname}  K={size_k} N={size_n}  weight copies: int4 {layer.n_int4} x "
                   f"{layer.int4_bytes / 1e6:.1f} MB, dense {layer.n_dense} x "
                   f"{layer.dense_bytes / 1e6:.1f} MB")
             x_check = torch.randn(min(max(m_values), 64), size_k, device=device).to(dtype)
             ok = True
-            for name in ("w4a16", "awq"):
-                _, good, text = check(name, fns[name][0](x_check, 0), x_check, layer)
+            checks = [("w4a16", x_check), ("awq", x_check)]
+            if args.lean:  # the lean kernel runs at M <= 16 only
+                checks += [("lean", x_check[:16]), ("w4a16", x_check[:16])]
+            for name, xc in checks:
+                _, good, text = check(name, fns[name][0](xc, 0), xc, layer)
                 if not good:
                     print(f"MISMATCH {text}")
                     ok = False
@@ -378,7 +409,10 @@ def main():
                       f"{2 * m * size_n * size_k / (ms['w4a16'] * 1e-3) / 1e12:8.1f} "
                       f"{wt_gbs:8.0f} {100 * wt_gbs * 1e9 / copy_bw:5.0f}% "
                       f"{ms['cublas'] / ms['w4a16']:7.2f}x {ms['cublas'] / ms['awq']:5.2f}x "
-                      f"{ideal:7.2f}x")
+                      f"{ideal:7.2f}x"
+                      + (f" {ms['lean']:9.4f} "
+                         f"{100 * layer.int4_bytes / (ms['lean'] * 1e-3) / copy_bw:5.0f}% "
+                         f"{ms['w4a16'] / ms['lean']:6.2f}x" if args.lean else ""))
             del layer, fns
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -387,6 +421,8 @@ def main():
     if timer.drained:
         print("\nnote: enqueueing outlasted the GPU work queued ahead of it at least once; "
               "the smallest times may include launch overhead")
+    if args.lean:
+        os.environ.pop(LEAN_ENV, None)
     if failures:
         print(f"{failures} shape(s) did not match dequantize + matmul")
         return 1

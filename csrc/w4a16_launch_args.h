@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 
 #include "aligned.h"
@@ -21,6 +22,16 @@ namespace w4k {
 // dense route (csrc/cpu/w4a16_gemm_dequant.h, other defaults): one name per op for "dequantize
 // from this M on", whatever the device.
 constexpr int64_t kW4a16DequantThresholdCuda = 256;
+
+// W4K_W4A16_CUDA_LEAN, read per call: "1" runs the register-lean 16-row kernel at M <= 16
+// (w4a16_gemm_lean_kernel: 3 blocks of 256 threads per SM instead of 2, same bits), unset or
+// "0" the default kernel (any other value: the default). For A/B runs on a GPU
+// (benchmarks/bench_gpu_gemm.py --lean); the emulator binding reads it too, so the tests run
+// the lean kernel under the same switch.
+inline bool w4a16_cuda_lean() {
+  const char* v = std::getenv("W4K_W4A16_CUDA_LEAN");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
 
 // Operands of launch_w4a16_gemm, each a tensor kept alive here (copies made for alignment).
 struct W4a16LaunchTensors {
@@ -59,7 +70,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
       w4a16_gemm_plan<T>(size_m, size_n, size_k, args.num_groups, args.has_act_order, args.has_zp,
                          num_sms, workspace.numel(),
                          dispatch_threshold("W4K_W4A16_DEQUANT_THRESHOLD", kW4a16DequantThresholdCuda),
-                         &t.plan);
+                         &t.plan, w4a16_cuda_lean());
   TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: kernel configuration failed: ",
               cudaGetErrorString(err));
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;

@@ -15,11 +15,14 @@
 #   smoke      scripts/gpu_sanitize_cases.py: every kernel variant once, checked against
 #              w4kernels.reference -> smoke.log
 #   tests      pytest tests -k cuda (the cuda backend) -> tests-cuda.log, tests-cuda.xml
-#   bench_gpu_gemm, bench_gpu_gemm_graph (M <= 128 from CUDA-graph replays), bench_cuda_repack
+#   bench_gpu_gemm, bench_gpu_gemm_graph (M <= 128 from CUDA-graph replays),
+#              bench_gpu_gemm_lean (A/B at M <= 16, CUDA graphs: w4a16_gemm's register-lean kernel,
+#              W4K_W4A16_CUDA_LEAN=1, against the default, =0, column "lean x"), bench_cuda_repack
 #              -> bench_*.log (their tables are copied into the summary)
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
-#   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
+#   profile    Nsight Compute on w4a16_gemm at M = 1 and 128, and on its lean kernel at M = 1
+#              (W4K_W4A16_CUDA_LEAN=1) -> profile.log
 #
 # Environment: GPU_CHECK_QUICK=1 (smaller benchmarks), GPU_CHECK_BUDGET_S (default 540: later
 # steps get shorter timeouts, or are skipped, so the run fits one 10-minute device call),
@@ -176,6 +179,9 @@ run_step bench_gpu_gemm 240 bench_gpu_gemm.log "$PYTHON" benchmarks/bench_gpu_ge
 # The small-M rows again from CUDA-graph replays (decode as vLLM runs it: no launch gaps).
 run_step bench_gpu_gemm_graph 120 bench_gpu_gemm_graph.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
     --graph --dtype fp16 --m 1 4 16 64 128 ${quick_flag[@]+"${quick_flag[@]}"}
+# A/B of the register-lean 16-row kernel against the default one, same run, same weights.
+run_step bench_gpu_gemm_lean 120 bench_gpu_gemm_lean.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
+    --lean --graph --dtype fp16 --m 1 4 8 16 ${quick_flag[@]+"${quick_flag[@]}"}
 run_step bench_cuda_repack 120 bench_cuda_repack.log "$PYTHON" benchmarks/bench_cuda_repack.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
 
@@ -208,7 +214,11 @@ else
     run_step profile 150 profile.log bash -c 'for m in 1 128; do
         "$0" --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
             --section Occupancy --section LaunchStats -k regex:w4a16_gemm_kernel -c 1 \
-            "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done' \
+            "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done
+        W4K_W4A16_CUDA_LEAN=1 "$0" --section SpeedOfLight --section SchedulerStats \
+            --section WarpStateStats --section Occupancy --section LaunchStats \
+            -k regex:w4a16_gemm_lean_kernel -c 1 "$1" benchmarks/bench_gpu_gemm.py --quick \
+            --dtype fp16 --m 1' \
         "${NCU:-ncu}" "$PYTHON"
 fi
 

@@ -5,9 +5,14 @@ compiled (build/sass/w4a16_gemm_tu_sm{80,90}.o and their ptxas logs).
 Per (M tile, architecture, dtype): registers, spill bytes, dynamic shared memory, and the hot
 loop's non-HMMA instructions per HMMA for each scale path (sass_stats.py's "hot" path, one
 steady-state iteration of the main loop, here 4 pipeline stages), and whether the weight copies
-carry an L2 cache policy (sass_stats.py's gld_desc_B > 0).
+carry an L2 cache policy (sass_stats.py's gld_desc_B > 0). The register-lean variant of the
+16-row tile (w4a16_gemm_lean_kernel, W4K_W4A16_CUDA_LEAN=1) has its own rows ("16 rows lean").
+A second table gives the same hot loops as warp instructions per weight byte (one HMMA
+m16n8k16 of a 16-row tile consumes 16 x 8 weights, 64 bytes; a 16 k-row tile of kRows rows
+consumes 64 bytes per kRows / 16 HMMAs).
 
     bash scripts/sass_report.sh build/sass w4a16 && python3 scripts/sass_table.py build/sass
+    python3 scripts/sass_table.py OUTDIR [TU]   # TU: the objects' stem (default w4a16_gemm_tu)
 """
 
 import json
@@ -20,12 +25,16 @@ MODES = ["kChannel", "kGroup", "kGroupZp", "kRow"]  # ScaleMode enum order in w4
 LABELS = {"kChannel": "per-channel", "kGroup": "g128", "kGroupZp": "g128 + zp",
           "kRow": "act-order, group order", "kRowRows": "act-order, row groups"}
 COLUMNS = MODES + ["kRowRows"]
+# w4a16_gemm_kernel<T, kMBlocks, kMode> and w4a16_gemm_lean_kernel<T, kMode> (16 rows).
+KERNEL_RE = re.compile(r"w4a16_gemm(_lean)?_kernelI(6__half|13__nv_bfloat16)(?:Li(\d)E)?"
+                       r"LNS0_9ScaleModeE(\d)")
 # Dynamic shared memory of StageLayout<kMBlocks> (4 stages; see w4a16_gemm.cuh).
 SMEM = {mb: 4 * (16 * mb * 256 + 8 * 1024 + 4 * 128 * 2 + 4 * 16 * 4 + 128 * 4) for mb in range(1, 5)}
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "build/sass"
+    tu = sys.argv[2] if len(sys.argv) > 2 else "w4a16_gemm_tu"
     tools = os.environ.get("W4K_SASS_TOOLS", "../shared/tools")
     cuobjdump = subprocess.run(["bash", f"{tools}/get-cuobjdump.sh"], capture_output=True,
                                text=True).stdout.strip().splitlines()[-1]
@@ -33,11 +42,11 @@ def main():
     import sass_stats  # noqa: E402  (the same hot-path analysis, loop by loop)
     row_loops = {}
     for arch in (80, 90):
-        obj = f"{out}/w4a16_gemm_tu_sm{arch}.o"
+        obj = f"{out}/{tu}_sm{arch}.o"
         funcs = sass_stats.parse_sass(sass_stats.run([cuobjdump, "-sass", obj]))
         work_re = re.compile(sass_stats.WORK_DEFAULT)
         for (_, name), insns in funcs.items():
-            if "w4a16_gemm_kernel" not in name:
+            if not KERNEL_RE.search(name):
                 continue
             loops = sass_stats.loops_of(insns, work_re)
             most = max((lp["work"] for lp in loops), default=0)
@@ -49,44 +58,61 @@ def main():
                 work = sum(1 for i in hp if not i.never and work_re.match(i.base))
                 total = sum(1 for i in hp if not i.never)
                 reloads = any(i.base == "LDG" for i in hp if not i.never)
-                ratios.append(((total - work) / work, reloads))
+                ratios.append(((total - work) / work, total / work, reloads))
             row_loops[(f"sm_{arch}", name)] = ratios
     rows = {}
     for arch in (80, 90):
-        obj = f"{out}/w4a16_gemm_tu_sm{arch}.o"
+        obj = f"{out}/{tu}_sm{arch}.o"
         js = subprocess.run([sys.executable, f"{tools}/sass_stats.py", obj, "--ptxas-log",
-                             f"{out}/w4a16_gemm_tu_sm{arch}.log", "--cuobjdump", cuobjdump,
-                             "--format", "json", "--kernel", "w4a16_gemm_kernel"],
+                             f"{out}/{tu}_sm{arch}.log", "--cuobjdump", cuobjdump,
+                             "--format", "json", "--kernel", KERNEL_RE.pattern],
                             capture_output=True, text=True, check=True).stdout
         for k in json.loads(js):
-            m = re.search(r"w4a16_gemm_kernelI(6__half|13__nv_bfloat16)Li(\d)ELNS0_9ScaleModeE(\d)",
-                          k["kernel"])
-            dtype = "fp16" if m.group(1) == "6__half" else "bf16"
-            mb, mode = int(m.group(2)), MODES[int(m.group(3))]
+            m = KERNEL_RE.search(k["kernel"])
+            dtype = "fp16" if m.group(2) == "6__half" else "bf16"
+            lean = m.group(1) == "_lean"
+            mb, mode = int(m.group(3) or 1), MODES[int(m.group(4))]
             hot, work = k["hot"]["total"], k["hot_work"]
-            entry = dict(ratio=(hot - work) / work, regs=k["regs"],
+            entry = dict(ratio=(hot - work) / work, ipb=hot / (work * 64 / mb), regs=k["regs"],
                          spill=k["ptxas"]["spill_st_B"] + k["ptxas"]["spill_ld_B"],
                          hint=k["hot_bytes"].get("gld_desc_B", 0) > 0)
-            rows.setdefault((mb, arch, dtype), {})[mode] = entry
+            key = (mb, lean, arch, dtype)
+            rows.setdefault(key, {})[mode] = entry
             if mode == "kRow":
                 # The kRow kernel holds three main loops: the group path (symmetric and with zero
                 # points) it takes when act-order rows are in group order, and the row-group path
                 # (the one that reloads scales from global memory). Report the symmetric group
                 # loop (the smaller of the two without reloads) and the row-group loop.
                 loops = row_loops[(f"sm_{arch}", k["kernel"])]
-                entry["ratio"] = min(r for r, reloads in loops if not reloads)
-                rows[(mb, arch, dtype)]["kRowRows"] = dict(
-                    entry, ratio=max(r for r, reloads in loops if reloads))
+                group = min((r for r in loops if not r[2]), key=lambda r: r[0])
+                rows_ = max((r for r in loops if r[2]), key=lambda r: r[0])
+                entry["ratio"], entry["ipb"] = group[0], group[1] / (64 / mb)
+                rows[key]["kRowRows"] = dict(entry, ratio=rows_[0], ipb=rows_[1] / (64 / mb))
     print("| M tile | arch | dtype | regs | spills (B) | dyn. smem | "
           + " | ".join(f"non-HMMA/HMMA {LABELS[m]}" for m in COLUMNS) + " | L2 hint on weights |")
     print("|---|---|---|---|---|---|" + "---|" * len(COLUMNS) + "---|")
-    for (mb, arch, dtype), modes in sorted(rows.items()):
-        regs = "/".join(str(modes[m]["regs"]) for m in MODES)
-        spills = max(modes[m]["spill"] for m in MODES)
-        hint = "yes" if all(modes[m]["hint"] for m in MODES) else "no"
-        print(f"| {16 * mb} rows | sm_{arch} | {dtype} | {regs} | {spills} | "
+    def tile(mb, lean):
+        return f"{16 * mb} rows" + (" lean" if lean else "")
+
+    # The lean kernel has no kRow form: act-order in group order runs its kGroup / kGroupZp
+    # kernel (the g128 / g128 + zp loop), the row-group path the default kernel ("-").
+    def cell(modes, m, key, fmt):
+        return format(modes[m][key], fmt) if m in modes else "-"
+
+    for (mb, lean, arch, dtype), modes in sorted(rows.items()):
+        regs = "/".join(str(modes[m]["regs"]) for m in MODES if m in modes)
+        spills = max(modes[m]["spill"] for m in MODES if m in modes)
+        hint = "yes" if all(modes[m]["hint"] for m in MODES if m in modes) else "no"
+        print(f"| {tile(mb, lean)} | sm_{arch} | {dtype} | {regs} | {spills} | "
               f"{SMEM[mb] // 1024} KiB | "
-              + " | ".join(f"{modes[m]['ratio']:.2f}" for m in COLUMNS) + f" | {hint} |")
+              + " | ".join(cell(modes, m, "ratio", ".2f") for m in COLUMNS) + f" | {hint} |")
+    print()
+    print("| M tile | arch | dtype | "
+          + " | ".join(f"instr. per weight byte {LABELS[m]}" for m in COLUMNS) + " |")
+    print("|---|---|---|" + "---|" * len(COLUMNS))
+    for (mb, lean, arch, dtype), modes in sorted(rows.items()):
+        print(f"| {tile(mb, lean)} | sm_{arch} | {dtype} | "
+              + " | ".join(cell(modes, m, "ipb", ".3f") for m in COLUMNS) + " |")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,8 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
-                    "bench_gpu_gemm_graph", "bench_cuda_repack", "memcheck", "racecheck",
-                    "synccheck", "initcheck", "profile"]
+                    "bench_gpu_gemm_graph", "bench_gpu_gemm_lean", "bench_cuda_repack",
+                    "memcheck", "racecheck", "synccheck", "initcheck", "profile"]
 
 
 # ---- benchmarks/bench_gpu_gemm.py -----------------------------------------------------------
@@ -82,6 +82,18 @@ def test_bench_gpu_gemm_simt_runs_every_method():
     assert "MISMATCH" not in stdout
     row = [line for line in stdout.splitlines() if line.split()[:3] == ["1", "128", "256"]]
     assert len(row) == 1, stdout
+
+
+@needs_simt
+def test_bench_gpu_gemm_lean_ab_columns():
+    """--lean (the A/B of w4a16_gemm's register-lean kernel, W4K_W4A16_CUDA_LEAN=1 against =0):
+    both checked against dequantize + matmul, the lean columns and ratio printed."""
+    stdout = run([sys.executable, "benchmarks/bench_gpu_gemm.py", "--simt", "--lean", "--m", "1",
+                  "--zero-points"], timeout=30)
+    assert "MISMATCH" not in stdout
+    assert "lean ms" in stdout
+    row = [line for line in stdout.splitlines() if line.split()[:3] == ["1", "128", "256"]]
+    assert len(row) == 1 and row[0].rstrip().endswith("x"), stdout
 
 
 def test_bench_gpu_gemm_graph_mode_needs_a_gpu_not_the_emulator():

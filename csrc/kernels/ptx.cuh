@@ -29,6 +29,31 @@ W4K_PTX uint32_t smem_addr(const void* p) {
 #endif
 
 // ---------------------------------------------------------------------------------------------
+// threadIdx.x read afresh (mov from %tid.x, volatile): values derived from it after a long loop
+// are recomputed there instead of being kept in registers (or spilled) across the loop, which
+// a plain threadIdx.x read (a common subexpression to the compiler) does not ensure.
+W4K_PTX int thread_index_x() {
+#if W4K_SIMT
+  return static_cast<int>(threadIdx.x);
+#else
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+#endif
+}
+
+// blockIdx.x read afresh (mov from %ctaid.x, volatile), for the same reason.
+W4K_PTX int block_index_x() {
+#if W4K_SIMT
+  return static_cast<int>(blockIdx.x);
+#else
+  int b;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+  return b;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tensor core mma: D = A*B + C, m16n8k16, A row-major, B column-major ("row.col"), f32
 // accumulators in place (c is read and written). Fragment layout, g = lane/4, t = lane%4:
 //   a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]

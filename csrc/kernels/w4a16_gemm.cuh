@@ -259,6 +259,9 @@ struct GemmParams {
   int num_groups;              // G
   int group_size;              // rows per group (kGroup)
   int stages_per_split;        // gridDim.z splits of this many stages (the last may be shorter)
+  // kRow kernel with row_group_flags: return at once when the rows are in group order (the
+  // lean kernel, launched first on the same stream, took them; W4K_W4A16_CUDA_LEAN=1).
+  int row_groups_only;
   float* c_tmp;                // [tiles, splits, kTileFloats] fp32 partial tiles (split-K)
   int* counters;               // [tiles] arrival counters, zero on entry, zero on exit
 };
@@ -308,15 +311,187 @@ __device__ __forceinline__ void load_row_scales(const GemmParams& p, const int g
 // emulator tells barrier call sites apart, so the kernel uses the named-barrier wrapper.
 __device__ __forceinline__ void block_sync() { ptx::barrier_sync(0, kThreads); }
 
-// One block's output tile (the kernel below, for one scale path).
+// The output stores of a tile whose fp32 sums acc this lane holds (lane of the warp with
+// Marlin chunk `chunk`, tile rows from m0): y = acc (* per-channel scale) + bias, rounded once.
 template <typename T, int kMBlocks, ScaleMode kMode>
-__device__ __forceinline__ void gemm_tile(const GemmParams& p) {
-  using L = StageLayout<kMBlocks>;
+__device__ __forceinline__ void store_tile(const GemmParams& p,
+                                           const float (&acc)[kMBlocks][8][4], const int lane,
+                                           const int chunk, const int m0) {
   using D = Dtype<T>;
   using T2 = typename D::T2;
+  // Output: c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1] of each 16x8 tile.
+  const T* bias = static_cast<const T*>(p.b_bias);
+  T* out = static_cast<T*>(p.c);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int col = 64 * chunk + 8 * e + 2 * (lane % 4);
+    float bias_lo = 0.f, bias_hi = 0.f, scale_lo = 1.f, scale_hi = 1.f;
+    if (bias != nullptr) {
+      bias_lo = D::to_float(bias[col]);
+      bias_hi = D::to_float(bias[col + 1]);
+    }
+    if constexpr (kMode == ScaleMode::kChannel) {
+      // Columns col, col + 1 (even) are adjacent in the per-channel scale permutation.
+      const int c = col % 32;
+      const int pos = 32 * (col / 32) + 8 * ((c % 8) / 2) + 2 * (c / 8);
+      const uint32_t s2 = *reinterpret_cast<const uint32_t*>(p.b_scales + pos);
+      scale_lo = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 & 0xffffu)));
+      scale_hi = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 >> 16)));
+    }
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+#pragma unroll
+      for (int half_row = 0; half_row < 2; ++half_row) {
+        const int row = m0 + 16 * mb + lane / 4 + 8 * half_row;
+        if (row < p.size_m) {
+          // y = acc * s + bias in fp32, two roundings (no fma), as the reference (s = 1: exact).
+          const float lo = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row], scale_lo), bias_lo);
+          const float hi = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row + 1], scale_hi), bias_hi);
+          *reinterpret_cast<T2*>(out + static_cast<int64_t>(row) * p.size_n + col) =
+              D::pack(lo, hi);
+        }
+      }
+    }
+  }
+}
+
+// The end of a block's tile: the four k-warps' sums added up, split-K, bias, scales (per
+// channel) and the output stores. t: threadIdx.x (the lean kernel reads it afresh here, so that
+// nothing derived from it stays live across the main loop).
+template <typename T, int kMBlocks, ScaleMode kMode, bool kFresh>
+__device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kMBlocks][8][4],
+                                            const int t) {
+  using L = StageLayout<kMBlocks>;
   W4K_EXTERN_SHARED(int4, sh);
   char* const smem = reinterpret_cast<char*>(sh);
   __shared__ int sh_last_split;
+  const int warp = t / 32, lane = t % 32;
+  const int warp_n = warp % 2, warp_k = warp / 2;
+  const int n_blk = blockIdx.x, m_blk = blockIdx.y, split = blockIdx.z;
+  const int m0 = m_blk * L::kRows;
+  const int num_chunks = p.size_n / 64;
+  const int chunk = 2 * n_blk + warp_n;
+
+  // Tree reduction over the four k-warps of each column half: k-warps 2, 3 -> 0, 1, then
+  // 1 -> 0. Slot layout [slot][fragment float][lane] (conflict-free).
+  float* red = reinterpret_cast<float*>(smem);
+  auto exchange = [&](bool writer, bool reader, int slot_w, int slot_r) {
+    if (writer) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            red[(slot_w * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane] = acc[mb][e][i];
+    }
+    block_sync();
+    if (reader) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            acc[mb][e][i] += red[(slot_r * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane];
+    }
+    block_sync();
+  };
+  exchange(warp_k >= 2, warp_k < 2, 2 * warp_n + warp_k - 2, 2 * warp_n + warp_k);
+  exchange(warp_k == 1, warp_k == 0, 2 * warp_n, 2 * warp_n);
+  const bool holds_sum = warp_k == 0 && chunk < num_chunks;
+
+  if (gridDim.z > 1) {
+    // Split-K: write this split's partial tile (fragment order: lane-contiguous float4s), then
+    // count arrivals; the last split adds the partial tiles in split order.
+    const int tile = m_blk * gridDim.x + n_blk;
+    float* tile_tmp = p.c_tmp + static_cast<int64_t>(tile) * gridDim.z * L::kTileFloats;
+    auto frag_offset = [&](int mb, int e) {
+      return ((warp_n * kMBlocks + mb) * 8 + e) * 128 + 4 * lane;
+    };
+    if (holds_sum) {
+      float* part = tile_tmp + split * L::kTileFloats;
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          *reinterpret_cast<float4*>(part + frag_offset(mb, e)) =
+              make_float4(acc[mb][e][0], acc[mb][e][1], acc[mb][e][2], acc[mb][e][3]);
+    }
+    __threadfence();  // the partial tile is visible GPU-wide before the arrival is
+    block_sync();
+    if (t == 0) {
+      const int arrived = atomicAdd(p.counters + tile, 1);
+      const bool last = arrived == static_cast<int>(gridDim.z) - 1;
+      if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
+      sh_last_split = last;
+    }
+    block_sync();
+    if (!sh_last_split) return;
+    __threadfence();  // the other splits' partial tiles are read after their arrivals
+    if (holds_sum) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
+      auto add_part = [&](const float* part_lane) {  // part_lane: fragment (0, 0) of a lane
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float4 v =
+                __ldcg(reinterpret_cast<const float4*>(part_lane + (mb * 8 + e) * 128));
+            acc[mb][e][0] += v.x;
+            acc[mb][e][1] += v.y;
+            acc[mb][e][2] += v.z;
+            acc[mb][e][3] += v.w;
+          }
+      };
+      if constexpr (kFresh) {
+        // Lean kernel: one lane pointer moved by a constant, the loop not unrolled (fits 80
+        // registers: 32 sums, 32 loaded floats).
+        const float* part_lane = tile_tmp + frag_offset(0, 0);
+#pragma unroll 1
+        for (int z = 0; z < static_cast<int>(gridDim.z); ++z, part_lane += L::kTileFloats)
+          add_part(part_lane);
+      } else {
+        for (int z = 0; z < static_cast<int>(gridDim.z); ++z) {
+          const float* part = tile_tmp + z * L::kTileFloats;
+#pragma unroll
+          for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              const float4 v =
+                  __ldcg(reinterpret_cast<const float4*>(part + frag_offset(mb, e)));
+              acc[mb][e][0] += v.x;
+              acc[mb][e][1] += v.y;
+              acc[mb][e][2] += v.z;
+              acc[mb][e][3] += v.w;
+            }
+        }
+      }
+    }
+  }
+  if (!holds_sum) return;
+  if constexpr (kFresh) {
+    // Lean kernel: the lane's output indices made again from fresh reads (not kept live).
+    const int t_out = ptx::thread_index_x();
+    store_tile<T, kMBlocks, kMode>(p, acc, t_out % 32,
+                                   2 * ptx::block_index_x() + (t_out / 32) % 2, m0);
+  } else {
+    store_tile<T, kMBlocks, kMode>(p, acc, lane, chunk, m0);
+  }
+}
+
+// One block's output tile (the kernel below, for one scale path).
+template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
+__device__ __forceinline__ void gemm_tile(const GemmParams& p) {
+  using L = StageLayout<kMBlocks>;
+  using D = Dtype<T>;
+  W4K_EXTERN_SHARED(int4, sh);
+  char* const smem = reinterpret_cast<char*>(sh);
 
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int warp_n = warp % 2;  // column half: Marlin chunk 2 * blockIdx.x + warp_n
@@ -518,122 +693,7 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
   }
   ptx::cp_async_wait_all();
   block_sync();  // the pipeline memory becomes the reduction buffer
-
-  // Tree reduction over the four k-warps of each column half: k-warps 2, 3 -> 0, 1, then
-  // 1 -> 0. Slot layout [slot][fragment float][lane] (conflict-free).
-  float* red = reinterpret_cast<float*>(smem);
-  auto exchange = [&](bool writer, bool reader, int slot_w, int slot_r) {
-    if (writer) {
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            red[(slot_w * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane] = acc[mb][e][i];
-    }
-    block_sync();
-    if (reader) {
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            acc[mb][e][i] += red[(slot_r * L::kFragFloats + (mb * 8 + e) * 4 + i) * 32 + lane];
-    }
-    block_sync();
-  };
-  exchange(warp_k >= 2, warp_k < 2, 2 * warp_n + warp_k - 2, 2 * warp_n + warp_k);
-  exchange(warp_k == 1, warp_k == 0, 2 * warp_n, 2 * warp_n);
-  const bool holds_sum = warp_k == 0 && chunk < num_chunks;
-
-  if (gridDim.z > 1) {
-    // Split-K: write this split's partial tile (fragment order: lane-contiguous float4s), then
-    // count arrivals; the last split adds the partial tiles in split order.
-    const int tile = m_blk * gridDim.x + n_blk;
-    float* tile_tmp = p.c_tmp + static_cast<int64_t>(tile) * gridDim.z * L::kTileFloats;
-    auto frag_offset = [&](int mb, int e) {
-      return ((warp_n * kMBlocks + mb) * 8 + e) * 128 + 4 * lane;
-    };
-    if (holds_sum) {
-      float* part = tile_tmp + split * L::kTileFloats;
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          *reinterpret_cast<float4*>(part + frag_offset(mb, e)) =
-              make_float4(acc[mb][e][0], acc[mb][e][1], acc[mb][e][2], acc[mb][e][3]);
-    }
-    __threadfence();  // the partial tile is visible GPU-wide before the arrival is
-    block_sync();
-    if (t == 0) {
-      const int arrived = atomicAdd(p.counters + tile, 1);
-      const bool last = arrived == static_cast<int>(gridDim.z) - 1;
-      if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
-      sh_last_split = last;
-    }
-    block_sync();
-    if (!sh_last_split) return;
-    __threadfence();  // the other splits' partial tiles are read after their arrivals
-    if (holds_sum) {
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
-      for (int z = 0; z < static_cast<int>(gridDim.z); ++z) {
-        const float* part = tile_tmp + z * L::kTileFloats;
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(part + frag_offset(mb, e)));
-            acc[mb][e][0] += v.x;
-            acc[mb][e][1] += v.y;
-            acc[mb][e][2] += v.z;
-            acc[mb][e][3] += v.w;
-          }
-      }
-    }
-  }
-  if (!holds_sum) return;
-
-  // Output: c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1] of each 16x8 tile.
-  const T* bias = static_cast<const T*>(p.b_bias);
-  T* out = static_cast<T*>(p.c);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int col = 64 * chunk + 8 * e + 2 * (lane % 4);
-    float bias_lo = 0.f, bias_hi = 0.f, scale_lo = 1.f, scale_hi = 1.f;
-    if (bias != nullptr) {
-      bias_lo = D::to_float(bias[col]);
-      bias_hi = D::to_float(bias[col + 1]);
-    }
-    if constexpr (kMode == ScaleMode::kChannel) {
-      // Columns col, col + 1 (even) are adjacent in the per-channel scale permutation.
-      const int c = col % 32;
-      const int pos = 32 * (col / 32) + 8 * ((c % 8) / 2) + 2 * (c / 8);
-      const uint32_t s2 = *reinterpret_cast<const uint32_t*>(p.b_scales + pos);
-      scale_lo = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 & 0xffffu)));
-      scale_hi = D::to_float(bits_as<T>(static_cast<uint16_t>(s2 >> 16)));
-    }
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb) {
-#pragma unroll
-      for (int half_row = 0; half_row < 2; ++half_row) {
-        const int row = m0 + 16 * mb + lane / 4 + 8 * half_row;
-        if (row < p.size_m) {
-          // y = acc * s + bias in fp32, two roundings (no fma), as the reference (s = 1: exact).
-          const float lo = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row], scale_lo), bias_lo);
-          const float hi = __fadd_rn(__fmul_rn(acc[mb][e][2 * half_row + 1], scale_hi), bias_hi);
-          *reinterpret_cast<T2*>(out + static_cast<int64_t>(row) * p.size_n + col) =
-              D::pack(lo, hi);
-        }
-      }
-    }
-  }
+  finish_tile<T, kMBlocks, kMode, kLean>(p, acc, kLean ? ptx::thread_index_x() : t);
 }
 
 // Act-order with a group size the per-stage path takes: whether every row r is in group
@@ -654,6 +714,7 @@ template <typename T, int kMBlocks, ScaleMode kMode>
 __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
   if constexpr (kMode == ScaleMode::kRow) {
     if (p.row_group_flags != nullptr && rows_in_group_order(p)) {
+      if (p.row_groups_only) return;
       if (p.b_zeros != nullptr)
         gemm_tile<T, kMBlocks, ScaleMode::kGroupZp>(p);
       else
@@ -662,6 +723,30 @@ __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParam
     }
   }
   gemm_tile<T, kMBlocks, kMode>(p);
+}
+
+// The register-lean 16-row kernel (W4K_W4A16_CUDA_LEAN=1; M <= 16): the same tile, warp split,
+// pipeline and mma sequence as w4a16_gemm_kernel<T, 1, kMode> (so the same bits), compiled for
+// kLeanBlocksPerSm blocks of 256 threads per SM (<= 80 registers a thread, no spills) to put more
+// warps in flight per scheduler. What it does differently is what held registers across the
+// main loop without being needed there: the epilogue's lane indices are recomputed after the
+// loop from fresh %tid.x / %ctaid.x reads, and the split-K sum walks one lane pointer in a loop
+// that is not unrolled (see finish_tile / store_tile). Scale paths: kChannel, kGroup, kGroupZp;
+// act-order in group order runs the kGroup / kGroupZp kernel with the gather's row_group_flags
+// (it returns at once when the rows are not in group order, and the launcher then also runs
+// the default kRow kernel with row_groups_only, which takes exactly that case). The row-group
+// path itself keeps its scales and zero constants of four rows in registers (36 of them on top
+// of the 32 accumulators) and has no lean form: it stays on the default kernel.
+constexpr int kLeanBlocksPerSm = 3;
+
+template <typename T, ScaleMode kMode>
+__global__ void __launch_bounds__(kThreads, kLeanBlocksPerSm)
+    w4a16_gemm_lean_kernel(const GemmParams p) {
+  static_assert(kMode != ScaleMode::kRow, "the row-group path has no lean kernel");
+  if constexpr (kMode != ScaleMode::kChannel) {
+    if (p.row_group_flags != nullptr && !rows_in_group_order(p)) return;
+  }
+  gemm_tile<T, 1, kMode, true>(p);
 }
 
 // Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), min(M, 65535)): a
@@ -769,9 +854,20 @@ inline int tile_m_blocks(int64_t size_m) {
 // one SM holds. On the GPU both are per device and fixed, so they are computed once per device
 // (first call; a race between two host threads only repeats the same work); the emulator's
 // limits come from the environment, so it asks every time.
-template <typename T, int kMBlocks, ScaleMode kMode>
+// The kernel of a configuration: w4a16_gemm_kernel, or with kLean (16 rows, not kRow) the lean one.
+template <typename T, int kMBlocks, ScaleMode kMode, bool kLean>
+constexpr auto gemm_kernel() {
+  if constexpr (kLean) {
+    static_assert(kMBlocks == 1 && kMode != ScaleMode::kRow, "no such lean kernel");
+    return &w4a16_gemm_lean_kernel<T, kMode>;
+  } else {
+    return &w4a16_gemm_kernel<T, kMBlocks, kMode>;
+  }
+}
+
+template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
 cudaError_t kernel_attributes(int* blocks_per_sm) {
-  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
+  auto* kernel = gemm_kernel<T, kMBlocks, kMode, kLean>();
   const int smem = StageLayout<kMBlocks>::kSmemBytes;
   auto query = [&](int* out) {
     cudaError_t err =
@@ -785,7 +881,7 @@ cudaError_t kernel_attributes(int* blocks_per_sm) {
   const cudaError_t err = query(&blocks);
 #else
   constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0: not queried yet on that device
+  static int cached[kMaxDevices] = {};  // 0: not queried yet on that device (one per kernel)
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -799,11 +895,11 @@ cudaError_t kernel_attributes(int* blocks_per_sm) {
   return err;
 }
 
-template <typename T, int kMBlocks, ScaleMode kMode>
+template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
 cudaError_t launch_tile(const GemmParams& p, dim3 grid, cudaStream_t stream) {
-  cudaError_t err = kernel_attributes<T, kMBlocks, kMode>(nullptr);
+  cudaError_t err = kernel_attributes<T, kMBlocks, kMode, kLean>(nullptr);
   if (err != cudaSuccess) return err;
-  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
+  auto* kernel = gemm_kernel<T, kMBlocks, kMode, kLean>();
   W4K_LAUNCH(kernel, grid, dim3(kThreads), StageLayout<kMBlocks>::kSmemBytes, stream, p);
   return cudaGetLastError();
 }
@@ -836,6 +932,26 @@ cudaError_t dispatch_config(int m_blocks, ScaleMode mode, F&& f) {
   }
 }
 
+// The lean kernel's scale path for a plan's mode: kRow (act-order checked for group order on
+// the GPU) runs the group path, with zero points or without.
+inline ScaleMode lean_mode(ScaleMode mode, bool has_zp) {
+  if (mode != ScaleMode::kRow) return mode;
+  return has_zp ? ScaleMode::kGroupZp : ScaleMode::kGroup;
+}
+
+// Calls f(std::integral_constant<ScaleMode, kMode>) for the lean kernel's mode (not kRow).
+template <typename F>
+cudaError_t dispatch_lean(ScaleMode mode, F&& f) {
+  switch (mode) {
+    case ScaleMode::kChannel:
+      return f(std::integral_constant<ScaleMode, ScaleMode::kChannel>{});
+    case ScaleMode::kGroup:
+      return f(std::integral_constant<ScaleMode, ScaleMode::kGroup>{});
+    default:
+      return f(std::integral_constant<ScaleMode, ScaleMode::kGroupZp>{});
+  }
+}
+
 }  // namespace w4a16
 
 // How a w4a16_gemm call runs: tile configuration, scale mode and split-K. Made by
@@ -856,6 +972,11 @@ struct W4a16Plan {
   // the GPU and the kernel takes the per-stage group path when the rows are in group order; the
   // binding passes row_group_flags_count() ints of scratch.
   bool check_row_groups = false;
+  // W4K_W4A16_CUDA_LEAN=1 and a 16-row tile: the register-lean kernel (w4a16_gemm_lean_kernel)
+  // for per-channel, group and act-order-in-group-order layers; act-order also launches the
+  // default kRow kernel for the row-group case (row_groups_only). Never set for the row-group
+  // path alone (no lean form) or the dense path.
+  bool lean = false;
   int64_t row_group_flags_count(int64_t size_k) const {
     return check_row_groups ? (size_k + 8 * w4a16::kThreads - 1) / (8 * w4a16::kThreads) : 0;
   }
@@ -866,13 +987,14 @@ struct W4a16Plan {
 // that all blocks are resident at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs),
 // each split keeps >= kMinStagesPerSplit stages, and the tile counters fit the workspace
 // (num_counters ints; 0 disables split-K). group_size: K / G; has_act_order: g_idx given.
+// lean: use the register-lean kernel where it applies (plan.lean), with its occupancy.
 // From dense_threshold rows of M on, grouped layers (G > 1) take the dense path instead; per
 // channel keeps the kernel, which applies the scale to the fp32 sum (no fp16/bf16 weight holds
 // (q - z) * s unrounded).
 template <typename T>
 cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
                             bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
-                            int64_t dense_threshold, W4a16Plan* plan) {
+                            int64_t dense_threshold, W4a16Plan* plan, bool lean) {
   using namespace w4a16;
   W4a16Plan pl;
   pl.m_blocks = tile_m_blocks(size_m);
@@ -896,10 +1018,18 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
   pl.n_tiles = (size_n + kTileN - 1) / kTileN;
   const int64_t total_stages = (size_k + kStageK - 1) / kStageK;
   pl.stages_per_split = total_stages;
+  pl.lean = lean && pl.m_blocks == 1 && (pl.mode != ScaleMode::kRow || pl.check_row_groups);
   int blocks_per_sm = 0;
-  const cudaError_t err = dispatch_config(pl.m_blocks, pl.mode, [&](auto mb, auto mode) {
-    return kernel_attributes<T, decltype(mb)::value, decltype(mode)::value>(&blocks_per_sm);
-  });
+  const cudaError_t err =
+      pl.lean ? dispatch_lean(lean_mode(pl.mode, has_zp),
+                              [&](auto mode) {
+                                return kernel_attributes<T, 1, decltype(mode)::value, true>(
+                                    &blocks_per_sm);
+                              })
+              : dispatch_config(pl.m_blocks, pl.mode, [&](auto mb, auto mode) {
+                  return kernel_attributes<T, decltype(mb)::value, decltype(mode)::value>(
+                      &blocks_per_sm);
+                });
   if (err != cudaSuccess) return err;
   const int64_t resident = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 1) * num_sms;
   const int64_t tiles = pl.m_tiles * pl.n_tiles;
@@ -923,6 +1053,15 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
   if (pl.splits > 1) pl.c_tmp_floats = tiles * pl.splits * 16 * pl.m_blocks * kTileN;
   *plan = pl;
   return cudaSuccess;
+}
+
+// The default kernels' plan (no lean kernel).
+template <typename T>
+cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
+                            bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
+                            int64_t dense_threshold, W4a16Plan* plan) {
+  return w4a16_gemm_plan<T>(size_m, size_n, size_k, num_groups, has_act_order, has_zp, num_sms,
+                            num_counters, dense_threshold, plan, false);
 }
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
@@ -986,6 +1125,17 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   }
   const dim3 grid(static_cast<unsigned>(plan.n_tiles), static_cast<unsigned>(plan.m_tiles),
                   static_cast<unsigned>(plan.splits));
+  if (plan.lean) {
+    const cudaError_t err = dispatch_lean(lean_mode(plan.mode, b_zeros != nullptr), [&](auto mode) {
+      return launch_tile<T, 1, decltype(mode)::value, true>(p, grid, stream);
+    });
+    if (err != cudaSuccess || plan.mode != ScaleMode::kRow) return err;
+    // Act-order: rows out of group order (decided on the GPU) take the default kernel's
+    // row-group path; it returns at once otherwise. The split-K counters are left zero by
+    // whichever of the two ran.
+    p.row_groups_only = 1;
+    return launch_tile<T, 1, ScaleMode::kRow>(p, grid, stream);
+  }
   return dispatch_config(plan.m_blocks, plan.mode, [&](auto mb, auto mode) {
     return launch_tile<T, decltype(mb)::value, decltype(mode)::value>(p, grid, stream);
   });
