@@ -229,9 +229,10 @@ def test_large_call_own_scratch():
 # Every ISA, the same bits (issue 9 item 6). At M <= 4 every path adds the products in the
 # AVX-512 decode path's order (K slices of 64 k-tiles, lane sums per column; decode_order_chunk
 # in w4a16_gemm_kernel.h; bf16 on an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0
-# selects, takes the lookup tables instead up to 8 rows); from 5 rows (bf16 with AVX512-BF16)
-# or 9 rows (fp16; bf16 without AVX512-BF16: the fp32 blocked path; at 5..8 rows those take the
-# lookup tables)
+# selects, takes the lookup tables instead up to 8 rows); fp16 at 5..8 rows takes the
+# AVX-512 lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per
+# column); from 5 rows (bf16 with AVX512-BF16) or 9 rows (fp16; bf16 without AVX512-BF16: the
+# fp32 blocked path)
 # every blocked path adds each output's products in one fp32 chain in the same order (bf16:
 # k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
 # the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
@@ -248,7 +249,7 @@ ISA_NEEDS = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
              "avx512-fp32": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
              "avx512-dpbf16": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}}
 BLOCKED_CASES = [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 4),
-                 (torch.float16, 1), (torch.float16, 4),
+                 (torch.float16, 1), (torch.float16, 4), (torch.float16, 5), (torch.float16, 8),
                  (torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
                  (torch.float16, 9), (torch.float16, 37)]
 

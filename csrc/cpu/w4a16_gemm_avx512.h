@@ -494,8 +494,8 @@ __attribute__((target("avx512f"))) void lut_chunk_avx512(const W4a16GemmProblem&
     for (int c = 0; c < 8; ++c)
       for (int cc = 0; cc < 8; ++cc) {
         const int col = 16 * (cc / 2) + c + 8 * (cc % 2);
-        const __m512 v = _mm512_loadu_ps(acc.data() + i * 1024 + c * 128 + cc * 16);
-        c_row[col] = epilogue(_mm512_reduce_add_ps(v) + extra[i * 64 + tb.xcol[col]], chan_scale,
+        const float sum = lane_tree_sum16(acc.data() + i * 1024 + c * 128 + cc * 16, 1);
+        c_row[col] = epilogue(sum + extra[i * 64 + tb.xcol[col]], chan_scale,
                               col, bias ? bias[col] : 0.0f);
       }
   }

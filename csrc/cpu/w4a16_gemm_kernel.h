@@ -234,25 +234,176 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
   }
 }
 
+// The lookup-table path's order (lut_chunk_avx512: fp16 at 5..8 rows on AVX-512), for the
+// portable and AVX2 paths: per column 16 lane sums, lane r taking row r of every k-tile (one
+// fp32 chain over the tiles in order), summed by lane_tree_sum16 at the end; k-tiles whose rows
+// span groups go to the `extra` sum in k order, added after the lanes. Tiles are decoded four at
+// a time so that a lane sum is loaded and stored once per four products.
+template <typename DecodeTile>
+__attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProblem& p, int64_t ch,
+                                                          int64_t m0, int64_t rows,
+                                                          const int32_t* tile_group,
+                                                          const float* sc, const float* zf,
+                                                          const float* chan_scale,
+                                                          DecodeTile&& decode_tile,
+                                                          std::vector<float>& scratch) {
+  const MarlinChunkTables& tb = chunk_tables();
+  constexpr int kTiles = 4;
+  const int64_t num_tiles = p.size_k / 16;
+  scratch.assign(rows * 17 * 64 + kTiles * 16 * 64, 0.0f);
+  float* lanes = scratch.data();           // [row][lane r][64]
+  float* extra = lanes + rows * 16 * 64;   // [row][64]
+  float* wtiles = extra + rows * 64;       // [kTiles][16][64]
+  const float* srow[16];
+  const float* zrow[16];
+  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTiles) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTiles, num_tiles - kt0));
+    for (int q = 0; q < nt; ++q) {
+      const int64_t kt = kt0 + q;
+      for (int r = 0; r < 16; ++r) {
+        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
+        srow[r] = sc + g * 64;
+        zrow[r] = zf ? zf + g * 64 : nullptr;
+      }
+      decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
+                  wtiles + q * 1024);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* a = p.a + (m0 + i) * p.lda + 16 * kt0;
+      for (int q = 0; q < nt; ++q) {  // mixed tiles: k order into extra
+        if (tile_group[kt0 + q] >= 0) continue;
+        float* e = extra + i * 64;
+        for (int k = 0; k < 16; ++k)
+          for (int x = 0; x < 64; ++x) e[x] += a[16 * q + k] * wtiles[q * 1024 + 64 * k + x];
+      }
+      for (int r = 0; r < 16; ++r) {
+        float* lane = lanes + (i * 16 + r) * 64;
+        for (int q = 0; q < nt; ++q) {
+          if (tile_group[kt0 + q] < 0) continue;
+          const float av = a[16 * q + r];
+          const float* w = wtiles + q * 1024 + 64 * r;
+          for (int x = 0; x < 64; ++x) lane[x] += av * w[x];
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+    for (int x = 0; x < 64; ++x) {
+      const int n = tb.colperm[x];
+      const float sum = lane_tree_sum16(lanes + i * 16 * 64 + x, 64) + extra[i * 64 + x];
+      c_row[n] = epilogue(sum, chan_scale, n, bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
-// decode_order_chunk with the AVX2 tile decode, compiled for AVX2 (no FMA: see w4a16_gemm_avx2.h).
-W4K_W4A16_AVX2 inline void decode_order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch,
-                                                   int64_t m0, int64_t rows,
-                                                   const int32_t* tile_group, const float* sc,
-                                                   const float* zf, const float* chan_scale,
-                                                   std::vector<float>& scratch) {
+// lut_order_chunk's lane sums of MR rows over nt decoded tiles (wtiles[q][16][64]) with the sums
+// in registers: per 8-column vector and lane r, the MR rows' sums, each weight vector loaded
+// once for all rows; tiles whose rows span groups (tg[q] < 0) are skipped (their `extra`).
+// lanes[i][r][64] of row i; a: row 0's activations of the first tile, rows lda apart.
+template <int MR>
+W4K_W4A16_AVX2 inline void lut_lanes_avx2(const float* a, int64_t lda, const float* wtiles,
+                                          int nt, const int32_t* tg, float* lanes) {
+  for (int v = 0; v < 8; ++v)
+    for (int r = 0; r < 16; ++r) {
+      __m256 acc[MR];
+      for (int i = 0; i < MR; ++i) acc[i] = _mm256_loadu_ps(lanes + (i * 16 + r) * 64 + 8 * v);
+      for (int q = 0; q < nt; ++q) {
+        if (tg[q] < 0) continue;
+        const __m256 w = _mm256_loadu_ps(wtiles + q * 1024 + 64 * r + 8 * v);
+        const float* aq = a + 16 * q + r;
+        for (int i = 0; i < MR; ++i)  // no FMA: see w4a16_gemm_avx2.h
+          acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_broadcast_ss(aq + i * lda), w));
+      }
+      for (int i = 0; i < MR; ++i) _mm256_storeu_ps(lanes + (i * 16 + r) * 64 + 8 * v, acc[i]);
+    }
+}
+
+// decode_order_chunk, or (kLutOrder) lut_order_chunk's order, with the AVX2 tile decode, compiled
+// for AVX2 (no FMA: see w4a16_gemm_avx2.h).
+template <bool kLutOrder>
+W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch, int64_t m0,
+                                            int64_t rows, const int32_t* tile_group,
+                                            const float* sc, const float* zf,
+                                            const float* chan_scale, std::vector<float>& scratch) {
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale,
-                     [&](const int32_t* words, const float* const* srow, const float* const* zrow,
-                         float* wtile) {
-                       if (chan_scale && zrow) dequant_tile_avx2<true, false, true>(words, srow, zrow, wtile);
-                       else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, wtile);
-                       else if (zrow && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, wtile);
-                       else if (zrow) dequant_tile_avx2<true, false>(words, srow, zrow, wtile);
-                       else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, wtile);
-                       else dequant_tile_avx2<false, false>(words, srow, zrow, wtile);
-                     },
-                     scratch);
+  auto decode = [&](const int32_t* words, const float* const* srow, const float* const* zrow,
+                    float* wtile) {
+    if (chan_scale && zrow) dequant_tile_avx2<true, false, true>(words, srow, zrow, wtile);
+    else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, wtile);
+    else if (zrow && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, wtile);
+    else if (zrow) dequant_tile_avx2<true, false>(words, srow, zrow, wtile);
+    else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, wtile);
+    else dequant_tile_avx2<false, false>(words, srow, zrow, wtile);
+  };
+  if (!kLutOrder) {
+    decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, scratch);
+    return;
+  }
+  // lut_order_chunk's sums with the lane sums in registers: per row, 8-column vector and half
+  // of the 16 lanes, 8 accumulators over a block of 16 decoded tiles (lut_order_chunk's
+  // loads and stores per four products cost the AVX2 path 1.3-1.8x at M = 5..8).
+  const MarlinChunkTables& tb = chunk_tables();
+  constexpr int kTiles = 16;
+  const int64_t num_tiles = p.size_k / 16;
+  scratch.assign(rows * 17 * 64 + kTiles * 16 * 64, 0.0f);
+  float* lanes = scratch.data();          // [row][lane r][64]
+  float* extra = lanes + rows * 16 * 64;  // [row][64]
+  float* wtiles = extra + rows * 64;      // [kTiles][16][64]
+  const float* srow[16];
+  const float* zrow[16];
+  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTiles) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTiles, num_tiles - kt0));
+    bool mixed = false;
+    for (int q = 0; q < nt; ++q) {
+      const int64_t kt = kt0 + q;
+      mixed |= tile_group[kt] < 0;
+      for (int r = 0; r < 16; ++r) {
+        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
+        srow[r] = sc + g * 64;
+        zrow[r] = zf ? zf + g * 64 : nullptr;
+      }
+      decode(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
+             wtiles + q * 1024);
+    }
+    for (int64_t i = 0; i < rows && mixed; ++i) {  // mixed tiles: k order into extra
+      const float* a = p.a + (m0 + i) * p.lda + 16 * kt0;
+      for (int q = 0; q < nt; ++q) {
+        if (tile_group[kt0 + q] >= 0) continue;
+        float* e = extra + i * 64;
+        for (int k = 0; k < 16; ++k)
+          for (int x = 0; x < 64; ++x) e[x] += a[16 * q + k] * wtiles[q * 1024 + 64 * k + x];
+      }
+    }
+    // Per 8-column vector v and lane r: the rows' sums in registers over the block's tiles, each
+    // weight vector loaded once for all rows.
+    for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+      float* l = lanes + i0 * 16 * 64;
+      const float* a = p.a + (m0 + i0) * p.lda + 16 * kt0;
+      const int32_t* tg = tile_group + kt0;
+      switch (std::min<int64_t>(8, rows - i0)) {
+        case 8: lut_lanes_avx2<8>(a, p.lda, wtiles, nt, tg, l); break;
+        case 7: lut_lanes_avx2<7>(a, p.lda, wtiles, nt, tg, l); break;
+        case 6: lut_lanes_avx2<6>(a, p.lda, wtiles, nt, tg, l); break;
+        case 5: lut_lanes_avx2<5>(a, p.lda, wtiles, nt, tg, l); break;
+        case 4: lut_lanes_avx2<4>(a, p.lda, wtiles, nt, tg, l); break;
+        case 3: lut_lanes_avx2<3>(a, p.lda, wtiles, nt, tg, l); break;
+        case 2: lut_lanes_avx2<2>(a, p.lda, wtiles, nt, tg, l); break;
+        default: lut_lanes_avx2<1>(a, p.lda, wtiles, nt, tg, l); break;
+      }
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+    for (int x = 0; x < 64; ++x) {
+      const int n = tb.colperm[x];
+      const float sum = lane_tree_sum16(lanes + i * 16 * 64 + x, 64) + extra[i * 64 + x];
+      c_row[n] = epilogue(sum, chan_scale, n, bias ? bias[n] : 0.0f);
+    }
+  }
 }
 #endif
 
@@ -311,9 +462,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // its lookup tables, 2.3x faster there than this order through the AVX2 code: one thread,
   // 4096 x 4096, M = 1 1.8-1.9 against 4.3-4.5 ms; its bits may differ.)
   const bool decode_order = !avx512 && decode_order_applies(p);
+  // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
+  const bool lut_order = !avx512 && !decode_order && fp16 &&
+                         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
+                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(false);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut || use_pairs || use_dpbf16 || decode_order) {
+  if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -338,24 +493,29 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     return 0;
   }
 #endif
-  if (decode_order) {
+  if (decode_order || lut_order) {
     std::vector<float> order_scratch;
+    auto decode = [&](const int32_t* words, const float* const* srow, const float* const* zrow,
+                      float* wtile) {
+      dequant_tile_generic(words, srow, zrow, p.weight_type, wtile);
+    };
     for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
       decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
       const float* z = has_zp ? zf.data() : nullptr;
+      const int32_t* tg = tile_group.data();
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
       if (avx2) {
-        decode_order_chunk_avx2(p, ch, m0, rows, tile_group.data(), sc.data(), z, chan_scale,
-                                order_scratch);
+        if (lut_order)
+          order_chunk_avx2<true>(p, ch, m0, rows, tg, sc.data(), z, chan_scale, order_scratch);
+        else
+          order_chunk_avx2<false>(p, ch, m0, rows, tg, sc.data(), z, chan_scale, order_scratch);
         continue;
       }
 #endif
-      decode_order_chunk(p, ch, m0, rows, tile_group.data(), sc.data(), z, chan_scale,
-                         [&](const int32_t* words, const float* const* srow,
-                             const float* const* zrow, float* wtile) {
-                           dequant_tile_generic(words, srow, zrow, p.weight_type, wtile);
-                         },
-                         order_scratch);
+      if (lut_order)
+        lut_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, order_scratch);
+      else
+        decode_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, order_scratch);
     }
     return 0;
   }

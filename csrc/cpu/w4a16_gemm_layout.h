@@ -136,6 +136,16 @@ inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc
   }
 }
 
+// The sum of the lookup-table path's 16 lane sums of one column (lut_chunk_avx512; the portable
+// and AVX2 paths mirror it), in this fixed tree: t[i] = v[i] + v[i + 8], u[i] = t[i] + t[i + 4],
+// (u[0] + u[2]) + (u[1] + u[3]). v[l * stride] is lane l.
+inline float lane_tree_sum16(const float* v, int64_t stride) {
+  float t[8], u[4];
+  for (int i = 0; i < 8; ++i) t[i] = v[i * stride] + v[(i + 8) * stride];
+  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
 // ---- epilogue -----------------------------------------------------------------------------------
 
 // The fp32 epilogue of one output element, shared by every path so that they agree to the bit.
