@@ -229,10 +229,9 @@ def test_large_call_own_scratch():
 # Every ISA, the same bits (issue 9 item 6). At M <= 4 every path adds the products in the
 # AVX-512 decode path's order (K slices of 64 k-tiles, lane sums per column; decode_order_chunk
 # in w4a16_gemm_kernel.h; bf16 on an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0
-# selects, takes the lookup tables instead up to 8 rows); fp16 at 5..8 rows takes the
-# AVX-512 lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per
-# column); from 5 rows (bf16 with AVX512-BF16) or 9 rows (fp16; bf16 without AVX512-BF16: the
-# fp32 blocked path)
+# selects, runs the decode path with vdpbf16ps emulated); fp16 at 5..8 rows takes the AVX-512
+# lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per column);
+# from 5 rows (bf16) or 9 rows (fp16)
 # every blocked path adds each output's products in one fp32 chain in the same order (bf16:
 # k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
 # the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
@@ -268,8 +267,6 @@ def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
     case = make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k)
     flags = cpu_flags()
     excluded = set()
-    if m < 9 and dtype == torch.bfloat16:
-        excluded.add("avx512-fp32")  # bf16 without AVX512-BF16: the lookup-table path up to 8 rows
     if dtype == torch.float16:
         excluded.add("avx512-dpbf16")  # no vdpbf16ps for fp16: the same path as avx512-fp32
     paths = [name for name, need in ISA_NEEDS.items() if need <= flags and name not in excluded]

@@ -52,7 +52,25 @@ namespace w4k::cpu {
 template <bool kFp16>
 constexpr int64_t kPairTable = kFp16 ? 2048 : 1024;
 
-template <bool kFp16>
+// bf16 bits (low 16 of each lane) of w as vcvtne2ps2bf16 rounds it, without AVX512-BF16: NaN made
+// quiet, |w| below FLT_MIN (zero, subnormal) a signed zero, else round to nearest even.
+__attribute__((target("avx512f"))) inline __m512i bf16_like_cvtne_avx512(__m512 w) {
+  const __m512i b = _mm512_castps_si512(w);
+  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 tiny = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x00800000));
+  r = _mm512_mask_mov_epi32(
+      r, nan, _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_mask_mov_epi32(
+      r, tiny, _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x8000)));
+}
+
+// kEmu: for a CPU without AVX512-BF16 (the decode path's vdpbf16ps emulated by two FMAs), the
+// bf16 rounding done by bf16_like_cvtne_avx512 instead of vcvtne2ps2bf16: the same bits.
+template <bool kFp16, bool kEmu = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // Table-order index i = (2c + b2) * 4 + j (c = i / 8, b2 = (i / 4) % 2, j = i % 4): the scale
@@ -114,6 +132,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
         _mm512_storeu_si512(t + 64 + 32 * jj,
                             _mm512_permutex2var_epi16(bits[2 * jj], low_halves, bits[2 * jj + 1]));
       }
+    } else if constexpr (kEmu) {  // the same 16-bit values, in the same order
+      uint16_t* t = tbl + cb * 64;
+      for (int j = 0; j < 4; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + 16 * j),
+                            _mm512_cvtepi32_epi16(bf16_like_cvtne_avx512(w[j])));
     } else {  // vcvtne2ps2bf16(a, b): b's 16 values in the low half, a's in the high half
       uint16_t* t = tbl + cb * 64;
       _mm512_storeu_si512(t, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
@@ -169,7 +192,7 @@ __attribute__((target("avx512f"))) inline void build_a_fp32_avx512(
 // with the element order of build_a_fp32_avx512.
 // Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP (bf16) or 8*NCP (fp16)
 // table registers (<= 24 of 32); a from memory.
-template <int MR, int NCP, bool kFp16>
+template <int MR, int NCP, bool kFp16, bool kEmu>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
     int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
@@ -234,6 +257,19 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
             acc_v[i][cb][0] = _mm512_fmadd_ps(a_i, w_u0, acc_v[i][cb][0]);
             acc_v[i][cb][1] = _mm512_fmadd_ps(a_i, w_u1, acc_v[i][cb][1]);
           }
+        } else if constexpr (kEmu) {
+          // vdpbf16ps without AVX512-BF16: the pair's odd row (high half) then its even row,
+          // each an exact product added by an fma (no flush of subnormals, as vdpbf16ps does).
+          const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+          const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
+          const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+          for (int i = 0; i < MR; ++i) {
+            const __m512i a = _mm512_loadu_si512(av + 2 * i + (e & 1));
+            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)), w_odd,
+                                              acc_v[i][cb][0]);
+            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                                              w_even, acc_v[i][cb][0]);
+          }
         } else {
           for (int i = 0; i < MR; ++i)
             acc_v[i][cb][0] = _mm512_dpbf16_ps(
@@ -256,14 +292,14 @@ constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
 
 // All 8 lines for rows [0, rows) (rows <= kPairRowBlock), in as many passes as the registers
 // need.
-template <bool kFp16>
+template <bool kFp16, bool kEmu>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
     int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
     const int32_t* tile_group, int64_t g_first, float* acc) {
   auto passes = [&](auto mr, auto ncp) {
     for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
-      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16>(
+      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16, kEmu>(
           a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
           acc);
   };
@@ -308,7 +344,8 @@ struct PairScratch {
 // the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
 // those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
 // chunk's `extra` sums (wbuf column order), as on the lookup-table path.
-template <bool kFp16>
+// kEmu (bf16 only): a CPU without AVX512-BF16, vdpbf16ps emulated (pair_pass_avx512).
+template <bool kFp16, bool kEmu = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
     const int32_t* tile_group, bool any_mixed_tile, PairScratch& s, int64_t kt_begin,
@@ -381,11 +418,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * kPairTable<kFp16>;
       if (build_tables)
         for (int64_t g = g_first; g <= g_last; ++g)
-          build_pair_table_avx512<kFp16>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+          build_pair_table_avx512<kFp16, kEmu>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
                                          p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
                                          tbl + (g - g_first) * kPairTable<kFp16>);
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
-        pair_tiles_avx512<kFp16>(a_pairs + (kt1 - kt0) * kAPairs * i0,
+        pair_tiles_avx512<kFp16, kEmu>(a_pairs + (kt1 - kt0) * kAPairs * i0,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
                           chunk_words + kt0 * word_stride,
                           word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,

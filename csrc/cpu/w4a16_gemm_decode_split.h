@@ -38,9 +38,9 @@ constexpr int64_t kDecodeSplitBlockTiles = 8;
 // at M <= 4 (decode_order_applies) on a CPU that has it.
 inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #ifdef W4K_HAVE_AVX512_PATH
+  // bf16 without AVX512-BF16: the decode path with vdpbf16ps emulated (pair_chunks_avx512 kEmu)
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  const bool dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && p.a_bf16 != nullptr;
-  return (dpbf16 || (is_avx512(isa) && fp16)) && decode_order_applies(p);
+  return is_avx512(isa) && (fp16 || p.a_bf16 != nullptr) && decode_order_applies(p);
 #else
   (void)p;
   (void)isa;
@@ -87,6 +87,7 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
     part_sums.resize(slices * slice_floats);
   float* part = part_sums.data();
   const int32_t* tg = tile_group.data();
+  const bool emulate_dot = !fp16 && w4a16_gemm_cpu_isa() != CpuIsa::kAvx512Bf16;
   WorkQueue::instance().run(slices * parts, threads, [&](int64_t item) {
     thread_local PairScratch scratch;
     const int64_t sl = item / parts, pa = item % parts;
@@ -97,6 +98,9 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
     if (fp16)
       pair_chunks_avx512<true>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch, kt0, kt1,
                                out, kDecodeSplitBlockTiles);
+    else if (emulate_dot)
+      pair_chunks_avx512<false, true>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch,
+                                      kt0, kt1, out, kDecodeSplitBlockTiles);
     else
       pair_chunks_avx512<false>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch, kt0, kt1,
                                 out, kDecodeSplitBlockTiles);

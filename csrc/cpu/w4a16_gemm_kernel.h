@@ -95,13 +95,14 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
   return CpuIsa::kGeneric;
 }
 
-// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp32 and
-// fp16 activations, never bf16 with vdpbf16ps (the blocked path's table decode is 1.6-2x faster
-// at M = 4 and 6, 2 threads, 2026-11-24); W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests
-// compare both paths with it).
-inline int64_t w4a16_gemm_lut_max_rows(bool dpbf16) {
+// Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp16
+// activations, never bf16 (with vdpbf16ps the blocked path's table decode is 1.6-2x faster at
+// M = 4 and 6, 2 threads, 2026-11-24; without, bf16 takes the decode path with vdpbf16ps
+// emulated up to 4 rows and the blocked path above, whose orders every ISA shares);
+// W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
+inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
-  return env ? std::atoll(env) : (dpbf16 ? 0 : 8);
+  return env ? std::atoll(env) : (fp16 ? 8 : 0);
 }
 
 // Rows of a up to which the decode path is used (pair_chunks_avx512): 4 (bf16 and fp16; fp16
@@ -127,8 +128,8 @@ inline int64_t w4a16_gemm_pair_max_rows() {
 //
 // At M <= 4 the AVX-512 decode path (pair_chunks_avx512 inside the K slices of
 // w4a16_gemm_decode_split.h) adds the products of each output in this order, and the portable
-// and AVX2 paths follow it through decode_order_chunk, so they give the same bits (not bf16 on
-// an AVX-512 CPU without BF16, whose lookup-table path keeps 16 lane sums per column):
+// and AVX2 paths follow it through decode_order_chunk, so they give the same bits (on an AVX-512
+// CPU without BF16 the decode path itself runs for bf16, vdpbf16ps emulated by two FMAs):
 // * K is cut into slices of kDecodeSliceTiles k-tiles; each slice's sum is formed alone, and the
 //   slices' sums are added in slice order (total = s0, then total + s1, ...), then the epilogue;
 // * within a slice, each column keeps lane sums over its k-tiles in order: bf16 4 lanes, lane t
@@ -450,22 +451,21 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path (with
   // vdpbf16ps the blocked path wins at every M above the decode path's).
   const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                       rows <= w4a16_gemm_lut_max_rows(use_dpbf16);
+                       rows <= w4a16_gemm_lut_max_rows(p.weight_type == HalfType::kFloat16);
   // Few rows: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or
   // fp16 widened to fp32) streams the weight faster than the lookup tables.
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  const bool use_pairs = (use_dpbf16 || (avx512 && fp16)) &&
+  // (bf16 without AVX512-BF16: vdpbf16ps emulated by two FMAs, pair_chunks_avx512 kEmu)
+  const bool use_pairs = avx512 && (fp16 || p.a_bf16 != nullptr) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
                          rows <= w4a16_gemm_pair_max_rows();
   // M <= 4 on the portable and AVX2 paths: the AVX-512 decode path's summation order
-  // (decode_order_chunk), so that they give its bits. (bf16 on an AVX-512 CPU without BF16 keeps
-  // its lookup tables, 2.3x faster there than this order through the AVX2 code: one thread,
-  // 4096 x 4096, M = 1 1.8-1.9 against 4.3-4.5 ms; its bits may differ.)
+  // (decode_order_chunk), so that they give its bits.
   const bool decode_order = !avx512 && decode_order_applies(p);
   // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
   const bool lut_order = !avx512 && !decode_order && fp16 &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(false);
+                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order) {
@@ -487,6 +487,9 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     if (fp16)
       pair_chunks_avx512<true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
                                any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
+    else if (!use_dpbf16)
+      pair_chunks_avx512<false, true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
+                                      any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
     else
       pair_chunks_avx512<false>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
                                 any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
