@@ -238,29 +238,48 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
 // The lookup-table path's order (lut_chunk_avx512: fp16 at 5..8 rows on AVX-512), for the
 // portable and AVX2 paths: per column 16 lane sums, lane r taking row r of every k-tile (one
 // fp32 chain over the tiles in order), summed by lane_tree_sum16 at the end; k-tiles whose rows
-// span groups go to the `extra` sum in k order, added after the lanes. Tiles are decoded four at
-// a time so that a lane sum is loaded and stored once per four products.
-template <typename DecodeTile>
+// span groups go to the `extra` sum in k order, added after the lanes. Tiles are decoded 16 at a
+// time; add_lanes(a, lda, wtiles, nt, tg, lanes, rows) adds a block's products to the lane sums
+// of `rows` rows (lanes[i][r][64]; a: row 0's activations of the block's first tile; tiles with
+// tg[q] < 0 skipped): lut_lanes_generic, or on AVX2 lut_lanes_avx2.
+inline void lut_lanes_generic(const float* a, int64_t lda, const float* wtiles, int nt,
+                              const int32_t* tg, float* lanes, int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int r = 0; r < 16; ++r) {
+      float* lane = lanes + (i * 16 + r) * 64;
+      for (int q = 0; q < nt; ++q) {
+        if (tg[q] < 0) continue;
+        const float av = a[i * lda + 16 * q + r];
+        const float* w = wtiles + q * 1024 + 64 * r;
+        for (int x = 0; x < 64; ++x) lane[x] += av * w[x];
+      }
+    }
+}
+
+template <typename DecodeTile, typename AddLanes>
 __attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProblem& p, int64_t ch,
                                                           int64_t m0, int64_t rows,
                                                           const int32_t* tile_group,
                                                           const float* sc, const float* zf,
                                                           const float* chan_scale,
                                                           DecodeTile&& decode_tile,
+                                                          AddLanes&& add_lanes,
                                                           std::vector<float>& scratch) {
   const MarlinChunkTables& tb = chunk_tables();
-  constexpr int kTiles = 4;
+  constexpr int kTiles = 16;
   const int64_t num_tiles = p.size_k / 16;
   scratch.assign(rows * 17 * 64 + kTiles * 16 * 64, 0.0f);
-  float* lanes = scratch.data();           // [row][lane r][64]
-  float* extra = lanes + rows * 16 * 64;   // [row][64]
-  float* wtiles = extra + rows * 64;       // [kTiles][16][64]
+  float* lanes = scratch.data();          // [row][lane r][64]
+  float* extra = lanes + rows * 16 * 64;  // [row][64]
+  float* wtiles = extra + rows * 64;      // [kTiles][16][64]
   const float* srow[16];
   const float* zrow[16];
   for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTiles) {
     const int nt = static_cast<int>(std::min<int64_t>(kTiles, num_tiles - kt0));
+    bool mixed = false;
     for (int q = 0; q < nt; ++q) {
       const int64_t kt = kt0 + q;
+      mixed |= tile_group[kt] < 0;
       for (int r = 0; r < 16; ++r) {
         const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
         srow[r] = sc + g * 64;
@@ -269,24 +288,16 @@ __attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProble
       decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
                   wtiles + q * 1024);
     }
-    for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t i = 0; i < rows && mixed; ++i) {  // mixed tiles: k order into extra
       const float* a = p.a + (m0 + i) * p.lda + 16 * kt0;
-      for (int q = 0; q < nt; ++q) {  // mixed tiles: k order into extra
+      for (int q = 0; q < nt; ++q) {
         if (tile_group[kt0 + q] >= 0) continue;
         float* e = extra + i * 64;
         for (int k = 0; k < 16; ++k)
           for (int x = 0; x < 64; ++x) e[x] += a[16 * q + k] * wtiles[q * 1024 + 64 * k + x];
       }
-      for (int r = 0; r < 16; ++r) {
-        float* lane = lanes + (i * 16 + r) * 64;
-        for (int q = 0; q < nt; ++q) {
-          if (tile_group[kt0 + q] < 0) continue;
-          const float av = a[16 * q + r];
-          const float* w = wtiles + q * 1024 + 64 * r;
-          for (int x = 0; x < 64; ++x) lane[x] += av * w[x];
-        }
-      }
     }
+    add_lanes(p.a + m0 * p.lda + 16 * kt0, p.lda, wtiles, nt, tile_group + kt0, lanes, rows);
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
@@ -343,68 +354,26 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
     decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, scratch);
     return;
   }
-  // lut_order_chunk's sums with the lane sums in registers: per row, 8-column vector and half
-  // of the 16 lanes, 8 accumulators over a block of 16 decoded tiles (lut_order_chunk's
-  // loads and stores per four products cost the AVX2 path 1.3-1.8x at M = 5..8).
-  const MarlinChunkTables& tb = chunk_tables();
-  constexpr int kTiles = 16;
-  const int64_t num_tiles = p.size_k / 16;
-  scratch.assign(rows * 17 * 64 + kTiles * 16 * 64, 0.0f);
-  float* lanes = scratch.data();          // [row][lane r][64]
-  float* extra = lanes + rows * 16 * 64;  // [row][64]
-  float* wtiles = extra + rows * 64;      // [kTiles][16][64]
-  const float* srow[16];
-  const float* zrow[16];
-  for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kTiles) {
-    const int nt = static_cast<int>(std::min<int64_t>(kTiles, num_tiles - kt0));
-    bool mixed = false;
-    for (int q = 0; q < nt; ++q) {
-      const int64_t kt = kt0 + q;
-      mixed |= tile_group[kt] < 0;
-      for (int r = 0; r < 16; ++r) {
-        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
-        srow[r] = sc + g * 64;
-        zrow[r] = zf ? zf + g * 64 : nullptr;
-      }
-      decode(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
-             wtiles + q * 1024);
-    }
-    for (int64_t i = 0; i < rows && mixed; ++i) {  // mixed tiles: k order into extra
-      const float* a = p.a + (m0 + i) * p.lda + 16 * kt0;
-      for (int q = 0; q < nt; ++q) {
-        if (tile_group[kt0 + q] >= 0) continue;
-        float* e = extra + i * 64;
-        for (int k = 0; k < 16; ++k)
-          for (int x = 0; x < 64; ++x) e[x] += a[16 * q + k] * wtiles[q * 1024 + 64 * k + x];
-      }
-    }
-    // Per 8-column vector v and lane r: the rows' sums in registers over the block's tiles, each
-    // weight vector loaded once for all rows.
+  // The lane sums in registers (lut_lanes_avx2): the generic loop's load and store of a lane
+  // sum per product cost the AVX2 path 1.3-1.8x at M = 5..8.
+  auto add_lanes = [](const float* a, int64_t lda, const float* wtiles, int nt,
+                      const int32_t* tg, float* lanes, int64_t rows) {
     for (int64_t i0 = 0; i0 < rows; i0 += 8) {
       float* l = lanes + i0 * 16 * 64;
-      const float* a = p.a + (m0 + i0) * p.lda + 16 * kt0;
-      const int32_t* tg = tile_group + kt0;
+      const float* ai = a + i0 * lda;
       switch (std::min<int64_t>(8, rows - i0)) {
-        case 8: lut_lanes_avx2<8>(a, p.lda, wtiles, nt, tg, l); break;
-        case 7: lut_lanes_avx2<7>(a, p.lda, wtiles, nt, tg, l); break;
-        case 6: lut_lanes_avx2<6>(a, p.lda, wtiles, nt, tg, l); break;
-        case 5: lut_lanes_avx2<5>(a, p.lda, wtiles, nt, tg, l); break;
-        case 4: lut_lanes_avx2<4>(a, p.lda, wtiles, nt, tg, l); break;
-        case 3: lut_lanes_avx2<3>(a, p.lda, wtiles, nt, tg, l); break;
-        case 2: lut_lanes_avx2<2>(a, p.lda, wtiles, nt, tg, l); break;
-        default: lut_lanes_avx2<1>(a, p.lda, wtiles, nt, tg, l); break;
+        case 8: lut_lanes_avx2<8>(ai, lda, wtiles, nt, tg, l); break;
+        case 7: lut_lanes_avx2<7>(ai, lda, wtiles, nt, tg, l); break;
+        case 6: lut_lanes_avx2<6>(ai, lda, wtiles, nt, tg, l); break;
+        case 5: lut_lanes_avx2<5>(ai, lda, wtiles, nt, tg, l); break;
+        case 4: lut_lanes_avx2<4>(ai, lda, wtiles, nt, tg, l); break;
+        case 3: lut_lanes_avx2<3>(ai, lda, wtiles, nt, tg, l); break;
+        case 2: lut_lanes_avx2<2>(ai, lda, wtiles, nt, tg, l); break;
+        default: lut_lanes_avx2<1>(ai, lda, wtiles, nt, tg, l); break;
       }
     }
-  }
-  for (int64_t i = 0; i < rows; ++i) {
-    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
-    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
-    for (int x = 0; x < 64; ++x) {
-      const int n = tb.colperm[x];
-      const float sum = lane_tree_sum16(lanes + i * 16 * 64 + x, 64) + extra[i * 64 + x];
-      c_row[n] = epilogue(sum, chan_scale, n, bias ? bias[n] : 0.0f);
-    }
-  }
+  };
+  lut_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, add_lanes, scratch);
 }
 #endif
 
@@ -516,7 +485,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
 #endif
       if (lut_order)
-        lut_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, order_scratch);
+        lut_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, lut_lanes_generic,
+                        order_scratch);
       else
         decode_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, order_scratch);
     }
