@@ -1,5 +1,7 @@
-// AVX512-BF16 decode path of the CPU w4a16_gemm kernel (torch-free): bf16 activations, few rows
-// of a (M <= 4 per row block), the case where streaming the int4 weight is the whole cost.
+// AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (M <= 4), the
+// case where streaming the int4 weight is the whole cost; bf16 activations with vdpbf16ps
+// (AVX512-BF16; without it each vdpbf16ps is emulated by two FMAs, the same bits) and fp16
+// activations with fp32 FMAs.
 //
 // Idea: decode the Marlin words in place, with no transposition, straight into bf16 k-pairs for
 // vdpbf16ps. The 16 words of line c of a chunk's k-tile (words 16c .. 16c + 15) sit in lanes
