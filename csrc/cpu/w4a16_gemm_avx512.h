@@ -272,6 +272,21 @@ __attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_av
   }
 }
 
+// wpairs[8][64] (pair row P: rows 2P and 2P + 1 as the low and high bf16 halves, wbuf column
+// order) -> wtile[16][64] fp32 rows: the blocked fp32 path's layout, for a CPU without
+// AVX512-BF16 (its micro-kernel then adds each pair odd row first, as vdpbf16ps does).
+__attribute__((target("avx512f"))) inline void split_tile_pairs_avx512(const uint32_t* wpairs,
+                                                                     float* wtile) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int pr = 0; pr < 8; ++pr)
+    for (int v = 0; v < 4; ++v) {
+      const __m512i x = _mm512_loadu_si512(wpairs + pr * 64 + 16 * v);
+      _mm512_storeu_ps(wtile + (2 * pr) * 64 + 16 * v, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+      _mm512_storeu_ps(wtile + (2 * pr + 1) * 64 + 16 * v,
+                       _mm512_castsi512_ps(_mm512_and_si512(x, high)));
+    }
+}
+
 // c_row[n] = acc[xcol[n]] + bias[n] for the 64 columns of a chunk (grouped weights: the
 // epilogue is one fp32 add, the same as epilogue() with chan_scale == nullptr). Output vector
 // v (columns 16v .. 16v + 15, n = 16v + r, r = 4cg + cl + 8*b2) reads wbuf column

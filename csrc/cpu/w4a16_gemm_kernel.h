@@ -412,8 +412,6 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // The vdpbf16ps path decodes one-group k-tiles by table lookups
   // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
-  const char* lut_env = std::getenv("W4K_W4A16_PAIR_LUT");
-  const bool pair_lut = !(lut_env && std::strcmp(lut_env, "0") == 0);
   std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
   std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
@@ -437,7 +435,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                          rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
-  if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order) {
+  // bf16 on AVX-512 without BF16, blocked path: one-group k-tiles decoded by the vdpbf16ps path's
+  // table lookups (tables rounded without BF16 instructions), split into fp32 rows.
+  const char* lut_env = std::getenv("W4K_W4A16_PAIR_LUT");
+  const bool pair_lut = !(lut_env && std::strcmp(lut_env, "0") == 0);
+  const bool emu_lut = avx512 && !use_dpbf16 && !fp16 && pair_lut;
+  if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order || emu_lut) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {
@@ -558,6 +561,24 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
           set_group_rows();
           if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
           else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
+          continue;
+        }
+#endif
+#ifdef W4K_HAVE_AVX512_PATH
+        if (emu_lut && tile_group[k0 / 16] >= 0) {
+          if (k0 + kKc < p.size_k)  // one k-block ahead, as on the vdpbf16ps path
+            for (int l = 0; l < 8; ++l)
+              __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+          const int64_t g = tile_group[k0 / 16];
+          if (g != tbl_group) {
+            build_pair_table_avx512<false, true>(
+                chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
+            tbl_group = g;
+          }
+          alignas(64) uint32_t tile_pairs[8 * 64];
+          decode_tile_pairs_lut_avx512(words, pair_tbl, tile_pairs);
+          split_tile_pairs_avx512(tile_pairs, w_tile);
           continue;
         }
 #endif
