@@ -301,16 +301,9 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         const int64_t ahead = kLutStrip * ldq;  // the next strip's row, prefetched into L2
         for (int64_t t = 0; t < tiles; ++t) {
           __m512i r[16];
-          if (words == kLutLineWords) {
-            for (int i = 0; i < 16; ++i, row += ldq) {
-              _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
-              r[i] = _mm512_loadu_si512(row);
-            }
-          } else {
-            for (int i = 0; i < 16; ++i, row += ldq) {
-              _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
-              r[i] = _mm512_maskz_loadu_epi32(wmask, row);
-            }
+          for (int i = 0; i < 16; ++i, row += ldq) {
+            _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+            r[i] = _mm512_maskz_loadu_epi32(wmask, row);
           }
           transpose16(r);
           for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);

@@ -76,6 +76,19 @@ W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* 
   }
 }
 
+// dequant_tile_avx2 for a tile's operands: zrow nullptr (no zero points: z = 8), fp16 or bf16
+// rounding, unit_scale (per channel: the scales are 1, see decode_chunk_groups).
+W4K_W4A16_AVX2 inline void dequant_tile_avx2_any(const int32_t* words, const float* const* srow,
+                                                 const float* const* zrow, bool fp16,
+                                                 bool unit_scale, float* wbuf) {
+  if (unit_scale && zrow) dequant_tile_avx2<true, false, true>(words, srow, zrow, wbuf);
+  else if (unit_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, wbuf);
+  else if (zrow && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, wbuf);
+  else if (zrow) dequant_tile_avx2<true, false>(words, srow, zrow, wbuf);
+  else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, wbuf);
+  else dequant_tile_avx2<false, false>(words, srow, zrow, wbuf);
+}
+
 // acc[i][c0 .. c0 + 8 NV - 1] += a[i][k] * wbuf[k][c0 ..], k = 0 .. kc - 1 in order (kPairs:
 // k = 1, 0, 3, 2, ..., micro_generic's bf16 order), for MR rows: MR x NV accumulators + NV
 // weight vectors + 1 broadcast in the 16 ymm registers (6 x 2 for many rows; 1 x 8 for one row,

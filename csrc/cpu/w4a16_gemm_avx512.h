@@ -185,6 +185,16 @@ __attribute__((target("avx512f"))) inline __m512i bf16_rne_bits(__m512 w) {
   return _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));  // bf16 in high half
 }
 
+// The two bf16 values of each 32-bit lane of a k-pair vector as fp32: the low half (even row)
+// and the high half (odd row).
+__attribute__((target("avx512f"))) inline __m512 bf16_pair_even(__m512i pair) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+}
+__attribute__((target("avx512f"))) inline __m512 bf16_pair_odd(__m512i pair) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
 template <bool kZp>
 __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t* words,
                                                                   const float* const* srow,
@@ -277,13 +287,11 @@ __attribute__((target("avx512f,avx512bw"))) inline void decode_tile_pairs_lut_av
 // AVX512-BF16 (its micro-kernel then adds each pair odd row first, as vdpbf16ps does).
 __attribute__((target("avx512f"))) inline void split_tile_pairs_avx512(const uint32_t* wpairs,
                                                                      float* wtile) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int pr = 0; pr < 8; ++pr)
     for (int v = 0; v < 4; ++v) {
       const __m512i x = _mm512_loadu_si512(wpairs + pr * 64 + 16 * v);
-      _mm512_storeu_ps(wtile + (2 * pr) * 64 + 16 * v, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-      _mm512_storeu_ps(wtile + (2 * pr + 1) * 64 + 16 * v,
-                       _mm512_castsi512_ps(_mm512_and_si512(x, high)));
+      _mm512_storeu_ps(wtile + (2 * pr) * 64 + 16 * v, bf16_pair_even(x));
+      _mm512_storeu_ps(wtile + (2 * pr + 1) * 64 + 16 * v, bf16_pair_odd(x));
     }
 }
 

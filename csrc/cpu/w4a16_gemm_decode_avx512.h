@@ -59,9 +59,7 @@ constexpr int64_t kPairTable = kFp16 ? 2048 : 1024;
 __attribute__((target("avx512f"))) inline __m512i bf16_like_cvtne_avx512(__m512 w) {
   const __m512i b = _mm512_castps_si512(w);
   const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __m512i r = _mm512_srli_epi32(bf16_rne_bits(w), 16);
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
   const __mmask16 tiny = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x00800000));
   r = _mm512_mask_mov_epi32(
@@ -262,15 +260,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         } else if constexpr (kEmu) {
           // vdpbf16ps without AVX512-BF16: the pair's odd row (high half) then its even row,
           // each an exact product added by an fma (no flush of subnormals, as vdpbf16ps does).
-          const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-          const __m512 w_odd = _mm512_castsi512_ps(_mm512_and_si512(wv, hi));
-          const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+          const __m512 w_odd = bf16_pair_odd(wv), w_even = bf16_pair_even(wv);
           for (int i = 0; i < MR; ++i) {
             const __m512i a = _mm512_loadu_si512(av + 2 * i + (e & 1));
-            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)), w_odd,
-                                              acc_v[i][cb][0]);
-            acc_v[i][cb][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
-                                              w_even, acc_v[i][cb][0]);
+            acc_v[i][cb][0] = _mm512_fmadd_ps(bf16_pair_odd(a), w_odd, acc_v[i][cb][0]);
+            acc_v[i][cb][0] = _mm512_fmadd_ps(bf16_pair_even(a), w_even, acc_v[i][cb][0]);
           }
         } else {
           for (int i = 0; i < MR; ++i)

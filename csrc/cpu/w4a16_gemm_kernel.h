@@ -56,7 +56,7 @@ inline void dequant_tile_generic(const int32_t* words, const float* const* srow,
 // acc[i][0:64] += sum_k a[i * lda + k] * wbuf[k][0:64] for rows i < rows, one fp32 chain per
 // output: k = 0, 1, 2, ... or, with `pairs` (bf16 activations, kc even), k = 1, 0, 3, 2, ...:
 // the order in which vdpbf16ps adds a k-pair's two products (the odd row first), so that the
-// blocked vdpbf16ps path and every other path give the same bits (kBf16PairOrder).
+// blocked vdpbf16ps path and every other path give the same bits.
 inline void micro_generic(const float* a, int64_t lda, const float* wbuf, int64_t kc,
                           float* acc, int64_t rows, bool pairs) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -124,6 +124,31 @@ inline int64_t w4a16_gemm_pair_max_rows() {
   return env ? std::atoll(env) : 4;
 }
 
+// srow[r] / zrow[r] (r = 0..15): the decoded scales and zero points (decode_chunk_groups' sc and
+// zf, wbuf column order; zf nullptr: zrow all nullptr) of the group of row 16 kt + r.
+inline void tile_row_groups(const W4a16GemmProblem& p, int64_t kt, const float* sc,
+                            const float* zf, const float* srow[16], const float* zrow[16]) {
+  for (int r = 0; r < 16; ++r) {
+    const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
+    srow[r] = sc + g * 64;
+    zrow[r] = zf ? zf + g * 64 : nullptr;
+  }
+}
+
+// c[m0 + i, chunk ch] = epilogue(sums[i][x]) for rows i < rows, sums in wbuf column order.
+inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
+                             const float* chan_scale, const float* sums) {
+  const MarlinChunkTables& tb = chunk_tables();
+  const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+    for (int x = 0; x < 64; ++x) {
+      const int n = tb.colperm[x];
+      c_row[n] = epilogue(sums[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
 // ---- the decode path's summation order, for every ISA --------------------------------------
 //
 // At M <= 4 the AVX-512 decode path (pair_chunks_avx512 inside the K slices of
@@ -165,7 +190,6 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
                                const int32_t* tile_group, const float* sc, const float* zf,
                                const float* chan_scale, DecodeTile&& decode_tile,
                                std::vector<float>& scratch) {
-  const MarlinChunkTables& tb = chunk_tables();
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const int64_t nl = fp16 ? 8 : 4, num_tiles = p.size_k / 16;
   scratch.resize(rows * (nl + 2) * 64 + 16 * 64);
@@ -179,11 +203,7 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
     const int64_t s1 = std::min(num_tiles, s0 + kDecodeSliceTiles);
     std::fill(lanes, lanes + rows * (nl + 1) * 64, 0.0f);  // lanes and extra
     for (int64_t kt = s0; kt < s1; ++kt) {
-      for (int r = 0; r < 16; ++r) {
-        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
-        srow[r] = sc + g * 64;
-        zrow[r] = zf ? zf + g * 64 : nullptr;
-      }
+      tile_row_groups(p, kt, sc, zf, srow, zrow);
       decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr, wtile);
       for (int64_t i = 0; i < rows; ++i) {
         const float* a = p.a + (m0 + i) * p.lda + 16 * kt;
@@ -225,14 +245,7 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
         total[i * 64 + x] = s0 == 0 ? slice_sum : total[i * 64 + x] + slice_sum;
       }
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
-    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
-    for (int x = 0; x < 64; ++x) {
-      const int n = tb.colperm[x];
-      c_row[n] = epilogue(total[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
-    }
-  }
+  write_chunk_rows(p, ch, m0, rows, chan_scale, total);
 }
 
 // The lookup-table path's order (lut_chunk_avx512: fp16 at 5..8 rows on AVX-512), for the
@@ -265,7 +278,6 @@ __attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProble
                                                           DecodeTile&& decode_tile,
                                                           AddLanes&& add_lanes,
                                                           std::vector<float>& scratch) {
-  const MarlinChunkTables& tb = chunk_tables();
   constexpr int kTiles = 16;
   const int64_t num_tiles = p.size_k / 16;
   scratch.assign(rows * 17 * 64 + kTiles * 16 * 64, 0.0f);
@@ -280,11 +292,7 @@ __attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProble
     for (int q = 0; q < nt; ++q) {
       const int64_t kt = kt0 + q;
       mixed |= tile_group[kt] < 0;
-      for (int r = 0; r < 16; ++r) {
-        const int64_t g = p.g_idx ? p.g_idx[16 * kt + r] : (16 * kt + r) / p.group_size;
-        srow[r] = sc + g * 64;
-        zrow[r] = zf ? zf + g * 64 : nullptr;
-      }
+      tile_row_groups(p, kt, sc, zf, srow, zrow);
       decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
                   wtiles + q * 1024);
     }
@@ -299,15 +307,10 @@ __attribute__((always_inline)) inline void lut_order_chunk(const W4a16GemmProble
     }
     add_lanes(p.a + m0 * p.lda + 16 * kt0, p.lda, wtiles, nt, tile_group + kt0, lanes, rows);
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
-    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
-    for (int x = 0; x < 64; ++x) {
-      const int n = tb.colperm[x];
-      const float sum = lane_tree_sum16(lanes + i * 16 * 64 + x, 64) + extra[i * 64 + x];
-      c_row[n] = epilogue(sum, chan_scale, n, bias ? bias[n] : 0.0f);
-    }
-  }
+  for (int64_t i = 0; i < rows; ++i)  // the sums, in place of extra
+    for (int x = 0; x < 64; ++x)
+      extra[i * 64 + x] = lane_tree_sum16(lanes + i * 16 * 64 + x, 64) + extra[i * 64 + x];
+  write_chunk_rows(p, ch, m0, rows, chan_scale, extra);
 }
 
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
@@ -343,12 +346,7 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   auto decode = [&](const int32_t* words, const float* const* srow, const float* const* zrow,
                     float* wtile) {
-    if (chan_scale && zrow) dequant_tile_avx2<true, false, true>(words, srow, zrow, wtile);
-    else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, wtile);
-    else if (zrow && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, wtile);
-    else if (zrow) dequant_tile_avx2<true, false>(words, srow, zrow, wtile);
-    else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, wtile);
-    else dequant_tile_avx2<false, false>(words, srow, zrow, wtile);
+    dequant_tile_avx2_any(words, srow, zrow, fp16, chan_scale != nullptr, wtile);
   };
   if (!kLutOrder) {
     decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, scratch);
@@ -384,7 +382,6 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
-  const MarlinChunkTables& tb = chunk_tables();
   const int64_t rows = m1 - m0;
   const bool has_zp = p.zeros != nullptr;
   float chan_scale_buf[64];
@@ -506,7 +503,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // The table decode reads the scales and zero points itself; the fp32 ones
   // (decode_chunk_groups) are needed by the lookup-table path, for the epilogue's per-channel
   // scales and for k-tiles whose rows span groups (act-order), which the fp32 decoder handles.
-  const bool lut_decode = use_dpbf16 && pair_lut;
+  const bool lut_decode = (use_dpbf16 && pair_lut) || emu_lut;
   const bool fp32_groups =
       !lut_decode || use_lut || chan_scale != nullptr ||
       std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
@@ -531,55 +528,42 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       const int64_t kc = std::min(kKc, p.size_k - kb);
       for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
         auto set_group_rows = [&] {  // each row's fp32 scales and zero points
-          for (int r = 0; r < 16; ++r) {
-            int64_t g = p.g_idx ? p.g_idx[k0 + r] : (k0 + r) / p.group_size;
-            srow[r] = sc.data() + g * 64;
-            zrow[r] = has_zp ? zf.data() + g * 64 : nullptr;
-          }
+          tile_row_groups(p, k0 / 16, sc.data(), has_zp ? zf.data() : nullptr, srow, zrow);
         };
         const int32_t* words = p.b_q_weight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         float* w_tile = wbuf.data() + (k0 - kb) * 64;
 #ifdef W4K_HAVE_AVX512_PATH
-        if (use_dpbf16) {
-          uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
+        if (use_dpbf16 || emu_lut) {
           // Consecutive k-tiles of a chunk are 8 * size_n bytes apart, a stride the hardware
           // prefetchers do not follow: fetch the tile one k-block ahead (8 lines of 64 bytes).
           if (k0 + kKc < p.size_k)
             for (int l = 0; l < 8; ++l)
               __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+          uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
           const int64_t g = tile_group[k0 / 16];
-          if (g >= 0 && lut_decode) {  // one group: table lookups
+          if (g >= 0 && pair_lut) {  // one group: table lookups
             if (g != tbl_group) {
-              build_pair_table_avx512<false>(
-                  chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                  has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
+              const uint16_t* s_row = chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch;
+              const int32_t* z_words = has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
+              if (use_dpbf16) build_pair_table_avx512<false>(s_row, z_words, pair_tbl);
+              else build_pair_table_avx512<false, true>(s_row, z_words, pair_tbl);
               tbl_group = g;
             }
-            decode_tile_pairs_lut_avx512(words, pair_tbl, pairs);
+            if (use_dpbf16) {
+              decode_tile_pairs_lut_avx512(words, pair_tbl, pairs);
+            } else {  // without AVX512-BF16: the pairs split into the fp32 path's rows
+              alignas(64) uint32_t tile_pairs[8 * 64];
+              decode_tile_pairs_lut_avx512(words, pair_tbl, tile_pairs);
+              split_tile_pairs_avx512(tile_pairs, w_tile);
+            }
             continue;
           }
-          set_group_rows();
-          if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
-          else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
-          continue;
-        }
-#endif
-#ifdef W4K_HAVE_AVX512_PATH
-        if (emu_lut && tile_group[k0 / 16] >= 0) {
-          if (k0 + kKc < p.size_k)  // one k-block ahead, as on the vdpbf16ps path
-            for (int l = 0; l < 8; ++l)
-              __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
-          const int64_t g = tile_group[k0 / 16];
-          if (g != tbl_group) {
-            build_pair_table_avx512<false, true>(
-                chan_scale ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr, pair_tbl);
-            tbl_group = g;
+          if (use_dpbf16) {
+            set_group_rows();
+            if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, pairs);
+            else dequant_tile_pairs_avx512<false>(words, srow, zrow, pairs);
+            continue;
           }
-          alignas(64) uint32_t tile_pairs[8 * 64];
-          decode_tile_pairs_lut_avx512(words, pair_tbl, tile_pairs);
-          split_tile_pairs_avx512(tile_pairs, w_tile);
-          continue;
         }
 #endif
         set_group_rows();
@@ -595,13 +579,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
         if (avx2) {
-          const bool fp16 = p.weight_type == HalfType::kFloat16;
-          if (chan_scale && has_zp) dequant_tile_avx2<true, false, true>(words, srow, zrow, w_tile);
-          else if (chan_scale) dequant_tile_avx2<false, false, true>(words, srow, zrow, w_tile);
-          else if (has_zp && fp16) dequant_tile_avx2<true, true>(words, srow, zrow, w_tile);
-          else if (has_zp) dequant_tile_avx2<true, false>(words, srow, zrow, w_tile);
-          else if (fp16) dequant_tile_avx2<false, true>(words, srow, zrow, w_tile);
-          else dequant_tile_avx2<false, false>(words, srow, zrow, w_tile);
+          dequant_tile_avx2_any(words, srow, has_zp ? zrow : nullptr, fp16, chan_scale != nullptr,
+                                w_tile);
           continue;
         }
 #endif
@@ -637,10 +616,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
         continue;
       }
 #endif
-      for (int x = 0; x < 64; ++x) {
-        int n = tb.colperm[x];
-        c_row[n] = epilogue(acc[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
-      }
+      write_chunk_rows(p, ch, m0 + i, 1, chan_scale, acc.data() + i * 64);
     }
   }
   return 0;
