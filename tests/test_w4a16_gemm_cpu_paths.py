@@ -1,4 +1,4 @@
-"""CPU w4a16_gemm: the bf16 decode path (M <= 4), the work queue, and what every CPU path must
+"""CPU w4a16_gemm: the decode path (bf16 M <= 8, fp16 M <= 4), the work queue, and what every CPU path must
 share: bits across thread counts, K-blocked shapes, M from 1 to 300, odd multiples of 64 for N.
 
 References: ``reference.w4a16_gemm`` (float64) with the derived tolerance of
@@ -16,8 +16,7 @@ from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 4 (bf16 with AVX512-BF16, and fp16) on an
-# AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
+# The decode path is the default at M <= 8 for bf16 and M <= 4 for fp16 on an AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
 # larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
@@ -60,13 +59,15 @@ def test_decode_path(monkeypatch, config, size_k, size_n, dtype, m):
     check_against_reference(b, case)
 
 
-# The decode path at M <= 4 runs over slices of 64 k-tiles (cpu/w4a16_gemm_decode_split.h):
+# The decode path (bf16 M <= 8, fp16 M <= 4) runs over slices of 64 k-tiles (cpu/w4a16_gemm_decode_split.h):
 # K = 11008 is 10 whole slices and one of 48 tiles, K = 1040 one of 64 and one of 1; N = 1088
 # (17 chunks) is split into two column parts of 9 and 8 chunks. Shard / act-order cases have
 # k-tiles whose rows span groups.
 KSPLIT_CASES = [(torch.bfloat16, 1, "g128", 11008), (torch.bfloat16, 4, "act", 11008),
                 (torch.float16, 3, "shard_zp", 11008), (torch.float16, 1, "chan_zp_bias", 11008),
-                (torch.bfloat16, 2, "g32_zp", 1040), (torch.float16, 4, "g128", 1040)]
+                (torch.bfloat16, 2, "g32_zp", 1040), (torch.float16, 4, "g128", 1040),
+                (torch.bfloat16, 8, "act", 11008), (torch.bfloat16, 5, "shard_zp", 11008),
+                (torch.bfloat16, 7, "g32_zp", 1040)]
 
 
 @pytest.mark.parametrize("dtype,m,config,size_k", KSPLIT_CASES,
@@ -90,7 +91,7 @@ def test_decode_k_slices(monkeypatch, dtype, m, config, size_k):
     check_against_reference(b, case)
 
 
-@pytest.mark.parametrize("m", [1, 3, 4])
+@pytest.mark.parametrize("m", [1, 3, 4, 8])
 @pytest.mark.parametrize("zp,act_order", [(False, None), (True, "k_full")], ids=["sym", "act_zp"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_decode_path_per_channel_bits(monkeypatch, dtype, zp, act_order, m):
@@ -226,13 +227,12 @@ def test_large_call_own_scratch():
     assert golden.same_bits(whole, torch.cat(halves))
 
 
-# Every ISA, the same bits (issue 9 item 6). At M <= 4 every path adds the products in the
-# AVX-512 decode path's order (K slices of 64 k-tiles, lane sums per column; decode_order_chunk
-# in w4a16_gemm_kernel.h; bf16 on an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0
-# selects, runs the decode path with vdpbf16ps emulated); fp16 at 5..8 rows takes the AVX-512
-# lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per column);
-# from 5 rows (bf16) or 9 rows (fp16)
-# every blocked path adds each output's products in one fp32 chain in the same order (bf16:
+# Every ISA, the same bits (issue 9 item 6). At M <= 8 (bf16) or 4 (fp16) every path adds the
+# products in the AVX-512 decode path's order (lane sums per column, over K slices of 64 k-tiles
+# at M <= 4 and all of K in one slice above; decode_order_chunk in w4a16_gemm_kernel.h; bf16 on
+# an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0 selects, runs the decode path with
+# vdpbf16ps emulated); fp16 at 5..8 rows takes the AVX-512 lookup tables, and the other paths
+# their order (lut_order_chunk: 16 lane sums per column); from 9 rows every blocked path adds each output's products in one fp32 chain in the same order (bf16:
 # k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
 # the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
 # inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them). Shapes: K =
@@ -249,7 +249,8 @@ ISA_NEEDS = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
              "avx512-dpbf16": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}}
 BLOCKED_CASES = [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 4),
                  (torch.float16, 1), (torch.float16, 4), (torch.float16, 5), (torch.float16, 8),
-                 (torch.bfloat16, 5), (torch.bfloat16, 9), (torch.bfloat16, 37),
+                 (torch.bfloat16, 5), (torch.bfloat16, 8), (torch.bfloat16, 9),
+                 (torch.bfloat16, 37),
                  (torch.float16, 9), (torch.float16, 37), (torch.bfloat16, 300),
                  (torch.float16, 300)]
 

@@ -1,5 +1,5 @@
-// AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (M <= 4), the
-// case where streaming the int4 weight is the whole cost; bf16 activations with vdpbf16ps
+// AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (bf16 M <= 8,
+// fp16 M <= 4), where streaming and decoding the int4 weight is most of the cost; bf16 activations with vdpbf16ps
 // (AVX512-BF16; without it each vdpbf16ps is emulated by two FMAs, the same bits) and fp16
 // activations with fp32 FMAs.
 //
@@ -198,9 +198,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
     int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
     int64_t g_first, int c0, float* acc) {
   constexpr int kAccRow = kFp16 ? 512 : 256, kAccCb = kFp16 ? 32 : 16, kU = kFp16 ? 2 : 1;
+  // The loops over the accumulators are unrolled so that acc_v stays in registers (without
+  // the pragmas GCC kept it in memory too and stored all of it on every tile: at 8 rows 16
+  // stores per 32 vdpbf16ps).
   __m512 acc_v[MR][2 * NCP][kU];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int cb = 0; cb < 2 * NCP; ++cb)
+#pragma GCC unroll 2
       for (int u = 0; u < kU; ++u)
         acc_v[i][cb][u] = _mm512_loadu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u);
   // Table index 16j + q: the code in bits 0..3 of each 16-bit half, j in bits 4..5
@@ -238,45 +244,88 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
+      if constexpr (!kFp16 && !kEmu) {
+        // The line's four weight vectors first, then per row its two a vectors (h = 0, 1) each
+        // serve two of them: half the a loads of one load per vdpbf16ps, which left the loop
+        // load-bound at 5..8 rows. Each accumulator still takes h = 0 before h = 1 (the order
+        // below, the same bits).
+        __m512i wv[4];
 #pragma GCC unroll 4
-      for (int e = 0; e < 4; ++e) {
-        const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
-        // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
-        const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
-        const int cb = 2 * cc + (e >> 1);
-        const __m512i wv = _mm512_permutex2var_epi16(tbl_0[cb], idx, tbl_1[cb]);
-        if constexpr (kFp16) {
-          // The fp32 weights whole, without vcvtph2ps (1.8 cycles a vector on this Zen 4):
-          // the low halves looked up with the same indices, interleaved with the high ones.
+        for (int e = 0; e < 4; ++e) {
+          const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
+          const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+          wv[e] = _mm512_permutex2var_epi16(tbl_0[2 * cc + (e >> 1)], idx,
+                                            tbl_1[2 * cc + (e >> 1)]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
+          const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
+          acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a0, (__m512bh)wv[0]);
+          acc_v[i][2 * cc + 1][0] =
+              _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a0, (__m512bh)wv[2]);
+          acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a1, (__m512bh)wv[1]);
+          acc_v[i][2 * cc + 1][0] =
+              _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a1, (__m512bh)wv[3]);
+        }
+      } else if constexpr (kEmu) {
+        // vdpbf16ps without AVX512-BF16: each pair's odd row (high half) then its even row, each
+        // an exact product added by an fma (no flush of subnormals, as vdpbf16ps does). h outer:
+        // the two weight vectors of h (b2 = 0, 1) share the row's a vector of h, split once.
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m512 w_odd[2], w_even[2];
+#pragma GCC unroll 2
+          for (int b2 = 0; b2 < 2; ++b2) {
+            const int e = 2 * b2 + h;
+            const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
+            const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+            const __m512i wv =
+                _mm512_permutex2var_epi16(tbl_0[2 * cc + b2], idx, tbl_1[2 * cc + b2]);
+            w_odd[b2] = bf16_pair_odd(wv);
+            w_even[b2] = bf16_pair_even(wv);
+          }
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m512i a = _mm512_loadu_si512(av + 2 * i + h);
+            const __m512 a_odd = bf16_pair_odd(a), a_even = bf16_pair_even(a);
+#pragma GCC unroll 2
+            for (int b2 = 0; b2 < 2; ++b2) {
+              __m512& c = acc_v[i][2 * cc + b2][0];
+              c = _mm512_fmadd_ps(a_odd, w_odd[b2], c);
+              c = _mm512_fmadd_ps(a_even, w_even[b2], c);
+            }
+          }
+        }
+      } else {
+        // fp16: the fp32 weights whole, without vcvtph2ps (1.8 cycles a vector on this Zen 4):
+        // the low halves looked up with the same indices, interleaved with the high ones.
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+          const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
+          // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
+          const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+          const int cb = 2 * cc + (e >> 1);
+          const __m512i wv = _mm512_permutex2var_epi16(tbl_0[cb], idx, tbl_1[cb]);
           const __m512i wl = _mm512_permutex2var_epi16(low_0[cb], idx, low_1[cb]);
           const __m512 w_u0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wl, wv));
           const __m512 w_u1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wl, wv));
+#pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
             const __m512 a_i =
                 _mm512_loadu_ps(reinterpret_cast<const float*>(av + 2 * i + (e & 1)));
             acc_v[i][cb][0] = _mm512_fmadd_ps(a_i, w_u0, acc_v[i][cb][0]);
             acc_v[i][cb][1] = _mm512_fmadd_ps(a_i, w_u1, acc_v[i][cb][1]);
           }
-        } else if constexpr (kEmu) {
-          // vdpbf16ps without AVX512-BF16: the pair's odd row (high half) then its even row,
-          // each an exact product added by an fma (no flush of subnormals, as vdpbf16ps does).
-          const __m512 w_odd = bf16_pair_odd(wv), w_even = bf16_pair_even(wv);
-          for (int i = 0; i < MR; ++i) {
-            const __m512i a = _mm512_loadu_si512(av + 2 * i + (e & 1));
-            acc_v[i][cb][0] = _mm512_fmadd_ps(bf16_pair_odd(a), w_odd, acc_v[i][cb][0]);
-            acc_v[i][cb][0] = _mm512_fmadd_ps(bf16_pair_even(a), w_even, acc_v[i][cb][0]);
-          }
-        } else {
-          for (int i = 0; i < MR; ++i)
-            acc_v[i][cb][0] = _mm512_dpbf16_ps(
-                acc_v[i][cb][0], (__m512bh)_mm512_loadu_si512(av + 2 * i + (e & 1)),
-                (__m512bh)wv);
         }
       }
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int cb = 0; cb < 2 * NCP; ++cb)
+#pragma GCC unroll 2
       for (int u = 0; u < kU; ++u)
         _mm512_storeu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u, acc_v[i][cb][u]);
 }
@@ -311,8 +360,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
     switch (rows) {
       case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
       case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
-      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
-      case 4: passes(integral_constant<int, 4>{}, integral_constant<int, 2>{}); break;
+      case 3: passes(integral_constant<int, 3>{}, integral_constant<int, kEmu ? 1 : 2>{}); break;
+      case 4: passes(integral_constant<int, 4>{}, integral_constant<int, kEmu ? 1 : 2>{}); break;
       case 5: passes(integral_constant<int, 5>{}, integral_constant<int, 1>{}); break;
       case 6: passes(integral_constant<int, 6>{}, integral_constant<int, 1>{}); break;
       case 7: passes(integral_constant<int, 7>{}, integral_constant<int, 1>{}); break;

@@ -40,7 +40,8 @@ inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa is
 #ifdef W4K_HAVE_AVX512_PATH
   // bf16 without AVX512-BF16: the decode path with vdpbf16ps emulated (pair_chunks_avx512 kEmu)
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  return is_avx512(isa) && (fp16 || p.a_bf16 != nullptr) && decode_order_applies(p);
+  return is_avx512(isa) && (fp16 || p.a_bf16 != nullptr) && decode_order_applies(p) &&
+         p.size_m <= kDecodeSplitMaxRows;
 #else
   (void)p;
   (void)isa;

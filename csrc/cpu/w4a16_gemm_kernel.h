@@ -98,30 +98,26 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
 // Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp16
 // activations, never bf16 (with vdpbf16ps the blocked path's table decode is 1.6-2x faster at
 // M = 4 and 6, 2 threads, 2026-11-24; without, bf16 takes the decode path with vdpbf16ps
-// emulated up to 4 rows and the blocked path above, whose orders every ISA shares);
+// emulated up to 8 rows and the blocked path above, whose orders every ISA shares);
 // W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
 inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
   return env ? std::atoll(env) : (fp16 ? 8 : 0);
 }
 
-// Rows of a up to which the decode path is used (pair_chunks_avx512): 4 (bf16 and fp16; fp16
-// above it: the lookup tables, at M = 8 5.0 ms against the decode path's 5.4); W4K_W4A16_PAIR_ROWS
-// overrides it (0 turns the path off: tests compare the paths). bf16, measured 2026-11-24 with
-// the blocked path decoding through the decode path's tables (GPTQ g128, weights rotated, the
-// two paths alternating in one process, machine shared with a helper's builds and tests; ms,
-// decode / blocked, ranges over runs): one thread (min CPU time), 4096 x 4096: M = 3 1.08 /
-// 1.29, 4 1.45-1.54 / 1.29-1.31, 6 1.66-1.84 / 1.66-1.85, 8 2.07-2.46 / 2.04-2.15; 11008 x 4096:
-// M = 4 4.17-4.26 / 3.48-3.52, 8 5.87-7.62 / 5.65-5.69. Two threads (medians), 4096 x 4096 /
-// 4096 x 11008 / 11008 x 4096: M = 4 0.73-0.80 / 0.78-0.89, 2.06-2.21 / 2.01-2.13, 2.01-2.24 /
-// 1.91-2.35; M = 5 0.88 / 0.88-0.97, 2.20-2.67 / 2.20-2.29, 2.40-2.42 / 2.32-2.78; M = 6
-// 1.02-1.11 / 0.98-1.02, 2.86-2.96 / 2.46-2.70, 2.79-2.86 / 2.35-2.89; M = 8 1.16-1.21 /
-// 1.12-1.19, 3.22-3.83 / 3.10-3.30, 3.77 / 2.85. With two threads the decode path is as fast or
-// faster up to 4 rows (its work split over K, w4a16_gemm_decode_split.h, balances better), the
-// blocked path from 6; at 5 the runs disagree.
-inline int64_t w4a16_gemm_pair_max_rows() {
+// Rows of a up to which the decode path is used (pair_chunks_avx512): bf16 8, fp16 4 (above it
+// the lookup tables, at M = 8 5.0 ms against the decode path's 5.4); W4K_W4A16_PAIR_ROWS
+// overrides it for both (0 turns the path off: tests compare the paths).
+// bf16, measured 2026-11-24 evening (GPTQ g128, weights rotated, one thread, min CPU time of
+// 40-60 calls, the two paths alternating in one process), ms decode / blocked path, and the
+// share of one core's 234 GFLOP/s vdpbf16ps peak: 4096 x 4096 M = 5 1.21 / 1.44 (59 / 50 %),
+// 6 1.41 / 1.63, 8 1.71 / 1.96 (67 / 59 %); 11008 x 4096 M = 5 3.42 / 3.91, 8 4.83 / 5.17;
+// 4096 x 11008 M = 5 3.49 / 4.14, 8 4.88 / 5.33; at 9..16 rows (two row blocks) the paths are
+// level to 9 % apart either way, so the blocked path keeps them. (Before its accumulators stayed
+// in registers, pair_pass_avx512, the decode path lost to the blocked path from 4 or 5 rows.)
+inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : 4;
+  return env ? std::atoll(env) : (fp16 ? 4 : 8);
 }
 
 // srow[r] / zrow[r] (r = 0..15): the decoded scales and zero points (decode_chunk_groups' sc and
@@ -151,12 +147,14 @@ inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, 
 
 // ---- the decode path's summation order, for every ISA --------------------------------------
 //
-// At M <= 4 the AVX-512 decode path (pair_chunks_avx512 inside the K slices of
-// w4a16_gemm_decode_split.h) adds the products of each output in this order, and the portable
-// and AVX2 paths follow it through decode_order_chunk, so they give the same bits (on an AVX-512
-// CPU without BF16 the decode path itself runs for bf16, vdpbf16ps emulated by two FMAs):
-// * K is cut into slices of kDecodeSliceTiles k-tiles; each slice's sum is formed alone, and the
-//   slices' sums are added in slice order (total = s0, then total + s1, ...), then the epilogue;
+// At M <= 8 (bf16) or 4 (fp16) the AVX-512 decode path (pair_chunks_avx512; at M <= 4 inside
+// the K slices of w4a16_gemm_decode_split.h) adds the products of each output in this order,
+// and the portable and AVX2 paths follow it through decode_order_chunk, so they give the same
+// bits (on an AVX-512 CPU without BF16 the decode path itself runs for bf16, vdpbf16ps emulated
+// by two FMAs):
+// * K is cut into slices of decode_slice_tiles(p) k-tiles (kDecodeSliceTiles at M <= 4, all of
+//   K in one slice above); each slice's sum is formed alone, and the slices' sums are added in
+//   slice order (total = s0, then total + s1, ...), then the epilogue;
 // * within a slice, each column keeps lane sums over its k-tiles in order: bf16 4 lanes, lane t
 //   taking per tile the k-pairs (2t, 2t + 1) then (2t + 8, 2t + 9), each pair's odd row first
 //   (vdpbf16ps); fp16 8 lanes (t, r) taking rows 2t + r then 2t + 8 + r; at the slice's end
@@ -165,18 +163,30 @@ inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, 
 //   added after the lanes: slice sum = lanes + extra.
 // k-tiles per slice: 1024 rows of K (8 * size_n * 64 bytes of the weight: 2 MiB at N = 4096).
 constexpr int64_t kDecodeSliceTiles = 64;
-// Rows of a up to which the K-sliced split (and so this order) applies.
+// Rows of a up to which the K-sliced split runs (the slices let two threads stream the weight
+// as long contiguous runs, which pays where the op is a stream of the weight). At 5..8 rows the
+// column split of the other paths is faster (one thread, 4096 x 4096, 2026-11-24: M = 5 1.22
+// against 1.36-1.45 ms, M = 8 1.72-1.81 against 1.97-2.12; two threads level to 13 % faster at
+// M = 8, 3-10 % slower at M = 5), so the decode path sums all of K in one slice there.
 constexpr int64_t kDecodeSplitMaxRows = 4;
+// Rows of a up to which the decode path can run (pair_chunks_avx512's row block for bf16).
+constexpr int64_t kDecodePathMaxRows = 8;
+
+inline int64_t decode_slice_tiles(const W4a16GemmProblem& p) {
+  return p.size_m <= kDecodeSplitMaxRows ? kDecodeSliceTiles
+                                         : std::max<int64_t>(1, p.size_k / 16);
+}
 
 // Whether this order applies to a problem (on every ISA): fp16 or bf16 activations, groups of
-// whole k-tiles or act-order, M <= 4 and within the decode path's rows. W4K_W4A16_KSPLIT=0 turns
-// the K slices off on AVX-512 (its decode path then sums all of K in one slice): a test knob;
-// the other ISAs then run their blocked loops (so the bits of AVX-512 and the others differ).
+// whole k-tiles or act-order, within the decode path's rows. W4K_W4A16_KSPLIT=0 turns it off:
+// the AVX-512 decode path then sums all of K in one slice at every M, and the other ISAs run
+// their blocked loops (so the bits of AVX-512 and the others differ): a test knob.
 inline bool decode_order_applies(const W4a16GemmProblem& p) {
   const char* env = std::getenv("W4K_W4A16_KSPLIT");
   if (env && std::strcmp(env, "0") == 0) return false;
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
   return (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-         p.size_m <= std::min<int64_t>(kDecodeSplitMaxRows, w4a16_gemm_pair_max_rows());
+         p.size_m <= std::min<int64_t>(kDecodePathMaxRows, w4a16_gemm_pair_max_rows(fp16));
 }
 
 // Rows [m0, m0 + rows) of chunk ch in the decode path's order (above). decode_tile(words, srow,
@@ -199,8 +209,9 @@ __attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmPro
   float* wtile = total + rows * 64;       // [16][64]
   const float* srow[16];
   const float* zrow[16];
-  for (int64_t s0 = 0; s0 < num_tiles; s0 += kDecodeSliceTiles) {
-    const int64_t s1 = std::min(num_tiles, s0 + kDecodeSliceTiles);
+  const int64_t slice_tiles = decode_slice_tiles(p);
+  for (int64_t s0 = 0; s0 < num_tiles; s0 += slice_tiles) {
+    const int64_t s1 = std::min(num_tiles, s0 + slice_tiles);
     std::fill(lanes, lanes + rows * (nl + 1) * 64, 0.0f);  // lanes and extra
     for (int64_t kt = s0; kt < s1; ++kt) {
       tile_row_groups(p, kt, sc, zf, srow, zrow);
@@ -422,14 +433,14 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // (bf16 without AVX512-BF16: vdpbf16ps emulated by two FMAs, pair_chunks_avx512 kEmu)
   const bool use_pairs = avx512 && (fp16 || p.a_bf16 != nullptr) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows();
-  // M <= 4 on the portable and AVX2 paths: the AVX-512 decode path's summation order
+                         rows <= w4a16_gemm_pair_max_rows(fp16);
+  // The decode path's rows on the portable and AVX2 paths: the AVX-512 decode path's summation order
   // (decode_order_chunk), so that they give its bits.
   const bool decode_order = !avx512 && decode_order_applies(p);
   // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
   const bool lut_order = !avx512 && !decode_order && fp16 &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
+                         rows > w4a16_gemm_pair_max_rows(true) && rows <= w4a16_gemm_lut_max_rows(true);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   // bf16 on AVX-512 without BF16, blocked path: one-group k-tiles decoded by the vdpbf16ps path's
