@@ -96,12 +96,17 @@ W4K_W4A16_AVX2 inline void dequant_tile_avx2_any(const int32_t* words, const flo
 template <int MR, int NV, bool kPairs>
 W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, int64_t kc,
                                float* acc, int c0) {
+  // Every loop over the accumulators unrolled, so that c stays in registers (with the load and
+  // store loops rolled GCC kept c in memory too and stored all of it on every k).
   __m256 c[MR][NV];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) c[i][v] = _mm256_loadu_ps(acc + i * 64 + c0 + 8 * v);
   for (int64_t k0 = 0; k0 < kc; ++k0) {
     const int64_t k = kPairs ? (k0 ^ 1) : k0;
     __m256 w[NV];
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(wbuf + k * 64 + c0 + 8 * v);
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
@@ -111,7 +116,9 @@ W4K_W4A16_AVX2 void micro_avx2(const float* a, int64_t lda, const float* wbuf, i
         c[i][v] = _mm256_add_ps(c[i][v], _mm256_mul_ps(av, w[v]));
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc + i * 64 + c0 + 8 * v, c[i][v]);
 }
 
