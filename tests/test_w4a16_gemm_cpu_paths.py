@@ -1,4 +1,4 @@
-"""CPU w4a16_gemm: the decode path (bf16 M <= 8, fp16 M <= 4), the work queue, and what every CPU path must
+"""CPU w4a16_gemm: the decode path (M <= 8), the work queue, and what every CPU path must
 share: bits across thread counts, K-blocked shapes, M from 1 to 300, odd multiples of 64 for N.
 
 References: ``reference.w4a16_gemm`` (float64) with the derived tolerance of
@@ -16,7 +16,7 @@ from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 8 for bf16 and M <= 4 for fp16 on an AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
+# The decode path is the default at M <= 8 (bf16 and fp16) on an AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
 # larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
@@ -37,9 +37,9 @@ def assert_threads_same_bits(b, case):
 # (K, N): K = 11008 (a Llama MLP: 43 blocks of 16 k-tiles), K = 1040 (65 tiles: a last block
 # of one tile), N odd multiples of 64.
 # Every register tiling of the decode path: bf16 row blocks of 1..8 rows (M = 13: 8 + 5,
-# M = 16: 8 + 8), fp16 of 1..4 (the tilings of 3 and 4 share code there).
+# M = 16: 8 + 8), fp16 of 1..4 (the tilings of 3 and 4 share code there; M = 13: 4 + 4 + 4 + 1).
 DTYPE_M = ([(torch.bfloat16, m) for m in (1, 2, 3, 4, 6, 7, 13, 16)] +
-           [(torch.float16, m) for m in (1, 3, 4)])
+           [(torch.float16, m) for m in (1, 3, 4, 13)])
 
 
 @pytest.mark.parametrize("dtype,m", DTYPE_M, ids=[f"{str(d)[6:]}-M{m}" for d, m in DTYPE_M])
@@ -59,7 +59,7 @@ def test_decode_path(monkeypatch, config, size_k, size_n, dtype, m):
     check_against_reference(b, case)
 
 
-# The decode path (bf16 M <= 8, fp16 M <= 4) runs over slices of 64 k-tiles (cpu/w4a16_gemm_decode_split.h):
+# The decode path at M <= 4 runs over slices of 64 k-tiles (cpu/w4a16_gemm_decode_split.h):
 # K = 11008 is 10 whole slices and one of 48 tiles, K = 1040 one of 64 and one of 1; N = 1088
 # (17 chunks) is split into two column parts of 9 and 8 chunks. Shard / act-order cases have
 # k-tiles whose rows span groups.
@@ -67,7 +67,7 @@ KSPLIT_CASES = [(torch.bfloat16, 1, "g128", 11008), (torch.bfloat16, 4, "act", 1
                 (torch.float16, 3, "shard_zp", 11008), (torch.float16, 1, "chan_zp_bias", 11008),
                 (torch.bfloat16, 2, "g32_zp", 1040), (torch.float16, 4, "g128", 1040),
                 (torch.bfloat16, 8, "act", 11008), (torch.bfloat16, 5, "shard_zp", 11008),
-                (torch.bfloat16, 7, "g32_zp", 1040)]
+                (torch.bfloat16, 7, "g32_zp", 1040), (torch.float16, 8, "act", 11008)]
 
 
 @pytest.mark.parametrize("dtype,m,config,size_k", KSPLIT_CASES,
@@ -227,12 +227,13 @@ def test_large_call_own_scratch():
     assert golden.same_bits(whole, torch.cat(halves))
 
 
-# Every ISA, the same bits (issue 9 item 6). At M <= 8 (bf16) or 4 (fp16) every path adds the
+# Every ISA, the same bits (issue 9 item 6). At M <= 8 every path adds the
 # products in the AVX-512 decode path's order (lane sums per column, over K slices of 64 k-tiles
 # at M <= 4 and all of K in one slice above; decode_order_chunk in w4a16_gemm_kernel.h; bf16 on
 # an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0 selects, runs the decode path with
-# vdpbf16ps emulated); fp16 at 5..8 rows takes the AVX-512 lookup tables, and the other paths
-# their order (lut_order_chunk: 16 lane sums per column); from 9 rows every blocked path adds each output's products in one fp32 chain in the same order (bf16:
+# vdpbf16ps emulated); fp16 at 5..8 rows with W4K_W4A16_PAIR_ROWS=4 (the "lut" cases) takes the
+# AVX-512 lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per
+# column); above the decode path's rows every blocked path adds each output's products in one fp32 chain in the same order (bf16:
 # k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
 # the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
 # inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them). Shapes: K =
@@ -251,19 +252,23 @@ BLOCKED_CASES = [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 4),
                  (torch.float16, 1), (torch.float16, 4), (torch.float16, 5), (torch.float16, 8),
                  (torch.bfloat16, 5), (torch.bfloat16, 8), (torch.bfloat16, 9),
                  (torch.bfloat16, 37),
-                 (torch.float16, 9), (torch.float16, 37), (torch.bfloat16, 300),
-                 (torch.float16, 300)]
+                 (torch.float16, 9), (torch.float16, 16),
+                 (torch.float16, 37), (torch.bfloat16, 300), (torch.float16, 300)]
+# fp16 through the lookup tables (W4K_W4A16_PAIR_ROWS=4) and, on the other ISAs, their order.
+LUT_CASES = [(torch.float16, 5), (torch.float16, 8)]
 
 
 # M = 300 at K = 1040 only (the portable path at K = 11008 would take seconds per case).
-ISA_CASES = [(d, m, k) for d, m in BLOCKED_CASES for k in (11008, 1040)
-             if not (m == 300 and k == 11008)]
+ISA_CASES = ([(d, m, k, False) for d, m in BLOCKED_CASES for k in (11008, 1040)
+              if not (m == 300 and k == 11008)] +
+             [(d, m, k, True) for d, m in LUT_CASES for k in (11008, 1040)])
 
 
-@pytest.mark.parametrize("dtype,m,size_k", ISA_CASES,
-                         ids=[f"{str(d)[6:]}-M{m}-K{k}" for d, m, k in ISA_CASES])
+@pytest.mark.parametrize("dtype,m,size_k,lut", ISA_CASES,
+                         ids=[f"{str(d)[6:]}-M{m}-K{k}" + ("-lut" if lut else "")
+                              for d, m, k, lut in ISA_CASES])
 @pytest.mark.parametrize("config", ["g128", "g32_zp", "chan_zp_bias", "act_zp"])
-def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
+def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m, lut):
     b = backend_or_skip("cpu", OP)
     large, small = (128, 32) if size_k % 128 == 0 else (80, 16)
     group, act, zp, bias = {"g128": (large, None, False, False),
@@ -282,6 +287,8 @@ def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m):
     for name in paths:
         with monkeypatch.context() as mp:
             mp.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "1000000")  # the kernel, not the dense route
+            if lut:
+                mp.setenv("W4K_W4A16_PAIR_ROWS", "4")
             for key, value in ISA_ENVS[name].items():
                 mp.setenv(key, value)
             outs[name] = call(b, case)

@@ -187,7 +187,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const int64_t chunks_per_item = std::max<int64_t>(1, num_chunks / (8 * threads));
   const int64_t items_per_row_block = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   const int64_t num_items = items_per_row_block * row_blocks;
-  // The decode path's rows (bf16 M <= 8, fp16 4): items of whole k-tile rows instead
+  // M <= 4 on the decode path: items of whole k-tile rows instead
   // (cpu/w4a16_gemm_decode_split.h).
   if (cpu::w4a16_gemm_decode_split_applies(p, isa))
     cpu::w4a16_gemm_decode_split(p, static_cast<int>(threads));

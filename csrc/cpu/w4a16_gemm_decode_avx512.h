@@ -1,7 +1,7 @@
-// AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (bf16 M <= 8,
-// fp16 M <= 4), where streaming and decoding the int4 weight is most of the cost; bf16 activations with vdpbf16ps
-// (AVX512-BF16; without it each vdpbf16ps is emulated by two FMAs, the same bits) and fp16
-// activations with fp32 FMAs.
+// AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (M <= 8),
+// where streaming and decoding the int4 weight is most of the cost; bf16
+// activations with vdpbf16ps (AVX512-BF16; without it each vdpbf16ps is emulated by two FMAs,
+// the same bits) and fp16 activations with fp32 FMAs.
 //
 // Idea: decode the Marlin words in place, with no transposition, straight into bf16 k-pairs for
 // vdpbf16ps. The 16 words of line c of a chunk's k-tile (words 16c .. 16c + 15) sit in lanes

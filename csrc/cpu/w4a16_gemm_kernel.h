@@ -96,7 +96,8 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
 }
 
 // Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp16
-// activations, never bf16 (with vdpbf16ps the blocked path's table decode is 1.6-2x faster at
+// activations above the decode path's rows (so by default never: the decode path now takes
+// fp16 to 8 rows; with W4K_W4A16_PAIR_ROWS=4 fp16 5..8 runs here), never bf16 (with vdpbf16ps the blocked path's table decode is 1.6-2x faster at
 // M = 4 and 6, 2 threads, 2026-11-24; without, bf16 takes the decode path with vdpbf16ps
 // emulated up to 8 rows and the blocked path above, whose orders every ISA shares);
 // W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
@@ -105,9 +106,17 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
   return env ? std::atoll(env) : (fp16 ? 8 : 0);
 }
 
-// Rows of a up to which the decode path is used (pair_chunks_avx512): bf16 8, fp16 4 (above it
-// the lookup tables, at M = 8 5.0 ms against the decode path's 5.4); W4K_W4A16_PAIR_ROWS
-// overrides it for both (0 turns the path off: tests compare the paths).
+// Rows of a up to which the decode path is used (pair_chunks_avx512): 8, bf16 and fp16;
+// W4K_W4A16_PAIR_ROWS overrides it for both (0 turns the path off: tests compare the paths).
+// fp16, measured 2026-11-24 evening (as below; row blocks of 4, so 8 rows decode each tile
+// twice): one thread, 4096 x 4096, ms decode / the path it replaced: M = 5 2.81 / 3.63 and 8
+// 3.71 / 4.79 (lookup tables); 11008 x 4096 M = 5 7.78 / 9.84, 8 10.8 / 13.0; two threads
+// (medians of 15 / 6 calls, the paths alternating) 1.12-1.29x faster at M = 5 and 8 on both
+// shapes. Above 8 rows the AVX-512 decode path would still win (M = 9 4.46 / 6.46, 12 5.30 /
+// 7.14, 16 7.38 / 8.21 against the blocked fp32 path; level at 20), but every ISA follows the
+// decode path's order where it runs, and the AVX2 form of that order (decode_order_chunk) is
+// 1.3-1.7x slower than the AVX2 blocked loop at 9..16 rows (M = 9 9.2 / 7.1, 12 14.7 / 8.4, 16
+// 13.7 / 10.2 ms), against 1.2x faster at 5 and level at 8.
 // bf16, measured 2026-11-24 evening (GPTQ g128, weights rotated, one thread, min CPU time of
 // 40-60 calls, the two paths alternating in one process), ms decode / blocked path, and the
 // share of one core's 234 GFLOP/s vdpbf16ps peak: 4096 x 4096 M = 5 1.21 / 1.44 (59 / 50 %),
@@ -117,7 +126,8 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // in registers, pair_pass_avx512, the decode path lost to the blocked path from 4 or 5 rows.)
 inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : (fp16 ? 4 : 8);
+  (void)fp16;
+  return env ? std::atoll(env) : 8;
 }
 
 // srow[r] / zrow[r] (r = 0..15): the decoded scales and zero points (decode_chunk_groups' sc and
@@ -147,7 +157,7 @@ inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, 
 
 // ---- the decode path's summation order, for every ISA --------------------------------------
 //
-// At M <= 8 (bf16) or 4 (fp16) the AVX-512 decode path (pair_chunks_avx512; at M <= 4 inside
+// At M <= 8 the AVX-512 decode path (pair_chunks_avx512; at M <= 4 inside
 // the K slices of w4a16_gemm_decode_split.h) adds the products of each output in this order,
 // and the portable and AVX2 paths follow it through decode_order_chunk, so they give the same
 // bits (on an AVX-512 CPU without BF16 the decode path itself runs for bf16, vdpbf16ps emulated
@@ -169,7 +179,7 @@ constexpr int64_t kDecodeSliceTiles = 64;
 // against 1.36-1.45 ms, M = 8 1.72-1.81 against 1.97-2.12; two threads level to 13 % faster at
 // M = 8, 3-10 % slower at M = 5), so the decode path sums all of K in one slice there.
 constexpr int64_t kDecodeSplitMaxRows = 4;
-// Rows of a up to which the decode path can run (pair_chunks_avx512's row block for bf16).
+// Rows of a up to which the decode path's order can apply (w4a16_gemm_pair_max_rows' defaults).
 constexpr int64_t kDecodePathMaxRows = 8;
 
 inline int64_t decode_slice_tiles(const W4a16GemmProblem& p) {
