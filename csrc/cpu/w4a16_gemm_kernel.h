@@ -122,8 +122,9 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // share of one core's 234 GFLOP/s vdpbf16ps peak: 4096 x 4096 M = 5 1.21 / 1.44 (59 / 50 %),
 // 6 1.41 / 1.63, 8 1.71 / 1.96 (67 / 59 %); 11008 x 4096 M = 5 3.42 / 3.91, 8 4.83 / 5.17;
 // 4096 x 11008 M = 5 3.49 / 4.14, 8 4.88 / 5.33; at 9..16 rows (two row blocks) the paths are
-// level to 9 % apart either way, so the blocked path keeps them. (Before its accumulators stayed
-// in registers, pair_pass_avx512, the decode path lost to the blocked path from 4 or 5 rows.)
+// level to 9 % apart either way, so the blocked path keeps them. (Before each load of a row's
+// activation vector served two vdpbf16ps, pair_pass_avx512, the decode path lost to the blocked
+// path from 4 or 5 rows.)
 inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   (void)fp16;
