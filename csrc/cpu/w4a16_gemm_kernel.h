@@ -114,9 +114,9 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // (medians of 15 / 6 calls, the paths alternating) 1.12-1.29x faster at M = 5 and 8 on both
 // shapes. Above 8 rows the AVX-512 decode path would still win (M = 9 4.46 / 6.46, 12 5.30 /
 // 7.14, 16 7.38 / 8.21 against the blocked fp32 path; level at 20), but every ISA follows the
-// decode path's order where it runs, and the AVX2 form of that order (decode_order_chunk) is
-// 1.3-1.7x slower than the AVX2 blocked loop at 9..16 rows (M = 9 9.2 / 7.1, 12 14.7 / 8.4, 16
-// 13.7 / 10.2 ms), against 1.2x faster at 5 and level at 8.
+// decode path's order where it runs, and the AVX2 form of that order (decode_lanes_avx2) is
+// 1.3-1.5x slower than the AVX2 blocked loop at 9..16 rows (M = 9 11.6 / 7.9, 12 13.3 / 9.2,
+// 16 13.8 / 10.4 ms), against faster at 2..8 rows.
 // bf16, measured 2026-11-24 evening (GPTQ g128, weights rotated, one thread, min CPU time of
 // 40-60 calls, the two paths alternating in one process), ms decode / blocked path, and the
 // share of one core's 234 GFLOP/s vdpbf16ps peak: 4096 x 4096 M = 5 1.21 / 1.44 (59 / 50 %),
@@ -200,62 +200,86 @@ inline bool decode_order_applies(const W4a16GemmProblem& p) {
          p.size_m <= std::min<int64_t>(kDecodePathMaxRows, w4a16_gemm_pair_max_rows(fp16));
 }
 
+// decode_order_chunk's lane sums of `rows` rows over nt decoded tiles (wtiles[q][16][64]; tiles
+// with tg[q] < 0 skipped: their products go to `extra`), in the order above: bf16 lane t takes
+// per tile rows 2t + 1, 2t, 2t + 9, 2t + 8; fp16 lane (t, r) = 2t + r rows 2t + r, 2t + 8 + r.
+// lanes[i][l][64] of row i (nl = 4 or 8 lanes); a: row 0's activations of the block's first
+// tile, rows lda apart. One fp32 multiply and one add per product (no fma: the products are
+// exact, so this is the AVX-512 path's fma, and the function is also inlined into the AVX2
+// target, which is built without FMA).
+inline void decode_lanes_generic(const float* a, int64_t lda, const float* wtiles, int nt,
+                                 const int32_t* tg, float* lanes, int64_t rows, bool fp16) {
+  const int nl = fp16 ? 8 : 4;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int q = 0; q < nt; ++q) {
+      if (tg[q] < 0) continue;
+      const float* aq = a + i * lda + 16 * q;
+      const float* wt = wtiles + q * 1024;
+      // A lane's products of one tile in one pass over the columns (its sum loaded and stored
+      // once).
+      for (int t = 0; t < 4; ++t) {
+        const int k = 2 * t;
+        const float* w0 = wt + 64 * k;
+        if (fp16) {
+          for (int r = 0; r < 2; ++r) {
+            float* lane = lanes + (i * nl + 2 * t + r) * 64;
+            const float a0 = aq[k + r], a8 = aq[k + 8 + r];
+            const float* wr = w0 + 64 * r;
+            for (int x = 0; x < 64; ++x) lane[x] = (lane[x] + a0 * wr[x]) + a8 * wr[512 + x];
+          }
+        } else {
+          float* lane = lanes + (i * nl + t) * 64;
+          const float a0 = aq[k], a1 = aq[k + 1], a8 = aq[k + 8], a9 = aq[k + 9];
+          for (int x = 0; x < 64; ++x)
+            lane[x] = (((lane[x] + a1 * w0[64 + x]) + a0 * w0[x]) + a9 * w0[576 + x]) +
+                      a8 * w0[512 + x];
+        }
+      }
+    }
+}
+
 // Rows [m0, m0 + rows) of chunk ch in the decode path's order (above). decode_tile(words, srow,
 // zrow, wtile) decodes one k-tile into wtile[16][64] (wbuf column order) as
-// dequant_tile_generic does; sc / zf / chan_scale: decode_chunk_groups of the chunk. The inner
-// loops run over the 64 columns, one fp32 multiply and one add per product (no fma: the
-// products are exact, so this is the AVX-512 path's fma, and the function is also inlined into
-// the AVX2 target, which is built without FMA).
-template <typename DecodeTile>
-__attribute__((always_inline)) inline void decode_order_chunk(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
-                               const int32_t* tile_group, const float* sc, const float* zf,
-                               const float* chan_scale, DecodeTile&& decode_tile,
-                               std::vector<float>& scratch) {
+// dequant_tile_generic does; sc / zf / chan_scale: decode_chunk_groups of the chunk. Tiles are
+// decoded 16 at a time (within a slice); add_lanes(a, lda, wtiles, nt, tg, lanes, rows, fp16)
+// adds a block's products to the lane sums: decode_lanes_generic, or on AVX2
+// decode_lanes_avx2 (the sums in registers across the block).
+template <typename DecodeTile, typename AddLanes>
+__attribute__((always_inline)) inline void decode_order_chunk(
+    const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows, const int32_t* tile_group,
+    const float* sc, const float* zf, const float* chan_scale, DecodeTile&& decode_tile,
+    AddLanes&& add_lanes, std::vector<float>& scratch) {
+  constexpr int kTiles = 16;
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const int64_t nl = fp16 ? 8 : 4, num_tiles = p.size_k / 16;
-  scratch.resize(rows * (nl + 2) * 64 + 16 * 64);
+  scratch.resize(rows * (nl + 2) * 64 + kTiles * 16 * 64);
   float* lanes = scratch.data();          // [row][lane][64]
   float* extra = lanes + rows * nl * 64;  // [row][64]
   float* total = extra + rows * 64;       // [row][64]
-  float* wtile = total + rows * 64;       // [16][64]
+  float* wtiles = total + rows * 64;      // [kTiles][16][64]
   const float* srow[16];
   const float* zrow[16];
   const int64_t slice_tiles = decode_slice_tiles(p);
   for (int64_t s0 = 0; s0 < num_tiles; s0 += slice_tiles) {
     const int64_t s1 = std::min(num_tiles, s0 + slice_tiles);
     std::fill(lanes, lanes + rows * (nl + 1) * 64, 0.0f);  // lanes and extra
-    for (int64_t kt = s0; kt < s1; ++kt) {
-      tile_row_groups(p, kt, sc, zf, srow, zrow);
-      decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr, wtile);
-      for (int64_t i = 0; i < rows; ++i) {
-        const float* a = p.a + (m0 + i) * p.lda + 16 * kt;
-        if (tile_group[kt] < 0) {
+    for (int64_t kt0 = s0; kt0 < s1; kt0 += kTiles) {
+      const int nt = static_cast<int>(std::min<int64_t>(kTiles, s1 - kt0));
+      for (int q = 0; q < nt; ++q) {
+        const int64_t kt = kt0 + q;
+        tile_row_groups(p, kt, sc, zf, srow, zrow);
+        decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
+                    wtiles + q * 1024);
+        if (tile_group[kt] >= 0) continue;
+        for (int64_t i = 0; i < rows; ++i) {  // a tile whose rows span groups: k order
+          const float* a = p.a + (m0 + i) * p.lda + 16 * kt;
           float* e = extra + i * 64;
           for (int k = 0; k < 16; ++k)
-            for (int x = 0; x < 64; ++x) e[x] += a[k] * wtile[64 * k + x];
-          continue;
-        }
-        // A lane's products of one tile in one pass over the columns (its sum loaded and stored
-        // once), in the order above.
-        for (int t = 0; t < 4; ++t) {
-          const int k = 2 * t;
-          const float* w0 = wtile + 64 * k;
-          if (fp16) {
-            for (int r = 0; r < 2; ++r) {
-              float* lane = lanes + (i * nl + 2 * t + r) * 64;
-              const float a0 = a[k + r], a8 = a[k + 8 + r];
-              const float* wr = w0 + 64 * r;
-              for (int x = 0; x < 64; ++x) lane[x] = (lane[x] + a0 * wr[x]) + a8 * wr[512 + x];
-            }
-          } else {
-            float* lane = lanes + (i * nl + t) * 64;
-            const float a0 = a[k], a1 = a[k + 1], a8 = a[k + 8], a9 = a[k + 9];
-            for (int x = 0; x < 64; ++x)
-              lane[x] = (((lane[x] + a1 * w0[64 + x]) + a0 * w0[x]) + a9 * w0[576 + x]) +
-                        a8 * w0[512 + x];
-          }
+            for (int x = 0; x < 64; ++x) e[x] += a[k] * wtiles[q * 1024 + 64 * k + x];
         }
       }
+      add_lanes(p.a + m0 * p.lda + 16 * kt0, p.lda, wtiles, nt, tile_group + kt0, lanes, rows,
+                fp16);
     }
     for (int64_t i = 0; i < rows; ++i)
       for (int x = 0; x < 64; ++x) {
@@ -358,6 +382,59 @@ W4K_W4A16_AVX2 inline void lut_lanes_avx2(const float* a, int64_t lda, const flo
     }
 }
 
+// decode_lanes_generic with the sums in registers: for MR rows, V 8-column vectors at a time
+// and each lane, the MR x V sums stay in registers over the block's tiles (the generic loop
+// loads and stores a lane sum for every four products). V > 1 at few rows gives the adds of
+// independent chains to overlap.
+template <int MR, int V>
+W4K_W4A16_AVX2 inline void decode_lanes_avx2(const float* a, int64_t lda, const float* wtiles,
+                                             int nt, const int32_t* tg, float* lanes, bool fp16) {
+  const int nl = fp16 ? 8 : 4;
+  for (int v0 = 0; v0 < 8; v0 += V)
+    for (int l = 0; l < nl; ++l) {
+      // the lane's rows per tile, in order: bf16 2t + 1, 2t, 2t + 9, 2t + 8; fp16 2t + r, 2t + 8 + r
+      int krow[4];
+      int nk;
+      if (fp16) {
+        const int t = l / 2, r = l % 2;
+        krow[0] = 2 * t + r;
+        krow[1] = 2 * t + 8 + r;
+        nk = 2;
+      } else {
+        krow[0] = 2 * l + 1;
+        krow[1] = 2 * l;
+        krow[2] = 2 * l + 9;
+        krow[3] = 2 * l + 8;
+        nk = 4;
+      }
+      __m256 acc[MR][V];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v)
+          acc[i][v] = _mm256_loadu_ps(lanes + (i * nl + l) * 64 + 8 * (v0 + v));
+      for (int q = 0; q < nt; ++q) {
+        if (tg[q] < 0) continue;
+        for (int e = 0; e < nk; ++e) {
+          const int k = krow[e];
+          const float* w = wtiles + q * 1024 + 64 * k + 8 * v0;
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m256 av = _mm256_broadcast_ss(a + i * lda + 16 * q + k);
+#pragma GCC unroll 8
+            for (int v = 0; v < V; ++v)  // no FMA: see w4a16_gemm_avx2.h
+              acc[i][v] = _mm256_add_ps(acc[i][v], _mm256_mul_ps(av, _mm256_loadu_ps(w + 8 * v)));
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v)
+          _mm256_storeu_ps(lanes + (i * nl + l) * 64 + 8 * (v0 + v), acc[i][v]);
+    }
+}
+
 // decode_order_chunk, or (kLutOrder) lut_order_chunk's order, with the AVX2 tile decode, compiled
 // for AVX2 (no FMA: see w4a16_gemm_avx2.h).
 template <bool kLutOrder>
@@ -371,7 +448,29 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
     dequant_tile_avx2_any(words, srow, zrow, fp16, chan_scale != nullptr, wtile);
   };
   if (!kLutOrder) {
-    decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, scratch);
+    auto add_lanes = [](const float* a, int64_t lda, const float* wtiles, int nt,
+                        const int32_t* tg, float* lanes, int64_t rows, bool fp16) {
+      // One row: the generic loop (auto-vectorized over the 64 columns) was as fast for bf16
+      // and 1.15x faster for fp16 (one thread, 4096 x 4096, 2026-11-24); from two rows the sums
+      // in registers: M = 4 fp16 7.4 -> 6.3 ms, M = 8 bf16 9.5 -> 8.0, fp16 10.6 -> 9.4.
+      if (rows == 1) {
+        decode_lanes_generic(a, lda, wtiles, nt, tg, lanes, rows, fp16);
+        return;
+      }
+      const int64_t nl = fp16 ? 8 : 4;
+      for (int64_t i0 = 0; i0 < rows; i0 += 4) {
+        float* l = lanes + i0 * nl * 64;
+        const float* ai = a + i0 * lda;
+        switch (std::min<int64_t>(4, rows - i0)) {
+          case 4: decode_lanes_avx2<4, 2>(ai, lda, wtiles, nt, tg, l, fp16); break;
+          case 3: decode_lanes_avx2<3, 2>(ai, lda, wtiles, nt, tg, l, fp16); break;
+          case 2: decode_lanes_avx2<2, 4>(ai, lda, wtiles, nt, tg, l, fp16); break;
+          default: decode_lanes_avx2<1, 4>(ai, lda, wtiles, nt, tg, l, fp16); break;
+        }
+      }
+    };
+    decode_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, add_lanes,
+                       scratch);
     return;
   }
   // The lane sums in registers (lut_lanes_avx2): the generic loop's load and store of a lane
@@ -510,7 +609,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
         lut_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, lut_lanes_generic,
                         order_scratch);
       else
-        decode_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode, order_scratch);
+        decode_order_chunk(p, ch, m0, rows, tg, sc.data(), z, chan_scale, decode,
+                           decode_lanes_generic, order_scratch);
     }
     return 0;
   }
