@@ -254,7 +254,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const int64_t w_ahead = rhs_stride(a);
 
   LhsRow rows[MT];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) rows[i] = lhs_row(a, m0 + i);
   const __m512i flip = _mm512_set1_epi8(0x08 | 0x80);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -264,13 +264,13 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const __m512i odd_lanes = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   // Every loop over the rows is unrolled (#pragma GCC unroll), so that the accumulator arrays
   // stay in registers: with one loop rolled GCC kept them in memory too and stored them on every
-  // k-block (24 vector stores per block at MT = 8 on the per-block path).
+  // k-block (17 stack slots per block at MT = 8 on the per-block path).
   __m256 facc[MT];
   __m512 facc2[(MT + 1) / 2];
   __m256i dots[MT] = {};
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) facc[i] = _mm256_setzero_ps();
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < (MT + 1) / 2; ++i) facc2[i] = _mm512_setzero_ps();
 
   for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -280,14 +280,14 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     // ones use two (kTwo) so the vpdpbusd latency does not serialize them.
     constexpr bool kTwo = MT < 4;
     __m512i acc0[MT], acc1[MT];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
       acc0[i] = _mm512_maskz_set1_epi32(0x5555, -8 * a.lhs_sums[(m0 + i) * nkb + kb]);
       acc1[i] = _mm512_setzero_si512();
     }
 #define W4K_ROW_SUM(i) (kTwo ? _mm512_add_epi32(acc0[i], acc1[i]) : acc0[i])
     const int8_t* lq[MT];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) lq[i] = rows[i].q + kb * chunks * 4 * seg_step;
     for (int64_t c = 0; c < chunks; ++c) {
       // The next nr-block's weights, one chunk ahead per chunk: they arrive while this block
@@ -301,7 +301,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
       const __m512i s1l = _mm512_and_si512(s1, low4);
       const __m512i s0h = _mm512_and_si512(_mm512_srli_epi16(s0, 4), low4);
       const __m512i s1h = _mm512_and_si512(_mm512_srli_epi16(s1, 4), low4);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int i = 0; i < MT; ++i) {
         const int8_t* p = lq[i];
         int64_t v0, v1, v2, v3;
@@ -318,7 +318,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
       }
     }
     if (!per_block) {
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int i = 0; i < MT; ++i) {
         const __m512i sum = W4K_ROW_SUM(i);
         const __m256i pair = _mm512_cvtepi64_epi32(_mm512_add_epi32(sum, _mm512_srli_epi64(sum, 32)));
@@ -334,7 +334,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     d = _mm256_mul_ps(d, _mm256_set1_ps(0.0625f));
     const __m512 d2 = _mm512_castpd_ps(
         _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d)), _mm256_castps_pd(d), 1));
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i += 2) {
       const __m512i s0 = W4K_ROW_SUM(i);
       const __m512i s1 = i + 1 < MT ? W4K_ROW_SUM(i + 1) : s0;
@@ -345,7 +345,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
     }
   }
   if (per_block) {
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < MT; ++i) {
       const __m512d v = _mm512_castps_pd(facc2[i / 2]);
       facc[i] = _mm256_castpd_ps(i % 2 ? _mm512_extractf64x4_pd(v, 1) : _mm512_castpd512_pd256(v));
@@ -355,7 +355,7 @@ W4K_AVX512 void tile_avx512(const MatmulArgs& a, int64_t m0, int64_t nb) {
   const int64_t cols = std::min<int64_t>(8, a.n - nb * 8);
   const __mmask8 store_mask = __mmask8((1u << cols) - 1);
   const __m256 lo = _mm256_set1_ps(a.clamp_min), hi = _mm256_set1_ps(a.clamp_max);
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < MT; ++i) {
     const __m256 v = epilogue8(w, per_block, rows[i], facc[i], dots[i], lo, hi);
     _mm256_mask_storeu_ps(a.dst + (m0 + i) * a.dst_stride + nb * 8, store_mask, v);

@@ -184,6 +184,14 @@ __attribute__((target("avx512f"))) inline void build_a_fp32_avx512(
     }
 }
 
+// Nibbles e and e + 4 (e = 0..3) of every 32-bit lane of the words w as the table indices
+// 16j + q of their 16-bit halves: (w >> 4e & code_mask) | col_bits (imm 0xea = (A & B) | C).
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_index(
+    __m512i w, int e, __m512i code_mask, __m512i col_bits) {
+  const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
+  return _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+}
+
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
 // the chunk's tables of groups g_first .. (kPairTable entries each).
@@ -251,12 +259,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         // below, the same bits).
         __m512i wv[4];
 #pragma GCC unroll 4
-        for (int e = 0; e < 4; ++e) {
-          const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
-          const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
-          wv[e] = _mm512_permutex2var_epi16(tbl_0[2 * cc + (e >> 1)], idx,
+        for (int e = 0; e < 4; ++e)
+          wv[e] = _mm512_permutex2var_epi16(tbl_0[2 * cc + (e >> 1)],
+                                            pair_index(w, e, code_mask, col_bits),
                                             tbl_1[2 * cc + (e >> 1)]);
-        }
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
           const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
@@ -277,11 +283,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
           __m512 w_odd[2], w_even[2];
 #pragma GCC unroll 2
           for (int b2 = 0; b2 < 2; ++b2) {
-            const int e = 2 * b2 + h;
-            const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
-            const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
-            const __m512i wv =
-                _mm512_permutex2var_epi16(tbl_0[2 * cc + b2], idx, tbl_1[2 * cc + b2]);
+            const __m512i wv = _mm512_permutex2var_epi16(
+                tbl_0[2 * cc + b2], pair_index(w, 2 * b2 + h, code_mask, col_bits),
+                tbl_1[2 * cc + b2]);
             w_odd[b2] = bf16_pair_odd(wv);
             w_even[b2] = bf16_pair_even(wv);
           }
@@ -302,9 +306,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         // the low halves looked up with the same indices, interleaved with the high ones.
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
-          const __m512i shifted = e == 0 ? w : _mm512_srli_epi16(w, 4 * e);
-          // (shifted & code_mask) | col_bits: imm 0xea = (A & B) | C
-          const __m512i idx = _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
+          const __m512i idx = pair_index(w, e, code_mask, col_bits);
           const int cb = 2 * cc + (e >> 1);
           const __m512i wv = _mm512_permutex2var_epi16(tbl_0[cb], idx, tbl_1[cb]);
           const __m512i wl = _mm512_permutex2var_epi16(low_0[cb], idx, low_1[cb]);

@@ -125,9 +125,8 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // level to 9 % apart either way, so the blocked path keeps them. (Before each load of a row's
 // activation vector served two vdpbf16ps, pair_pass_avx512, the decode path lost to the blocked
 // path from 4 or 5 rows.)
-inline int64_t w4a16_gemm_pair_max_rows(bool fp16) {
+inline int64_t w4a16_gemm_pair_max_rows() {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  (void)fp16;
   return env ? std::atoll(env) : 8;
 }
 
@@ -195,9 +194,8 @@ inline int64_t decode_slice_tiles(const W4a16GemmProblem& p) {
 inline bool decode_order_applies(const W4a16GemmProblem& p) {
   const char* env = std::getenv("W4K_W4A16_KSPLIT");
   if (env && std::strcmp(env, "0") == 0) return false;
-  const bool fp16 = p.weight_type == HalfType::kFloat16;
   return (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-         p.size_m <= std::min<int64_t>(kDecodePathMaxRows, w4a16_gemm_pair_max_rows(fp16));
+         p.size_m <= std::min<int64_t>(kDecodePathMaxRows, w4a16_gemm_pair_max_rows());
 }
 
 // decode_order_chunk's lane sums of `rows` rows over nt decoded tiles (wtiles[q][16][64]; tiles
@@ -543,14 +541,14 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // (bf16 without AVX512-BF16: vdpbf16ps emulated by two FMAs, pair_chunks_avx512 kEmu)
   const bool use_pairs = avx512 && (fp16 || p.a_bf16 != nullptr) &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows(fp16);
+                         rows <= w4a16_gemm_pair_max_rows();
   // The decode path's rows on the portable and AVX2 paths: the AVX-512 decode path's summation order
   // (decode_order_chunk), so that they give its bits.
   const bool decode_order = !avx512 && decode_order_applies(p);
   // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
   const bool lut_order = !avx512 && !decode_order && fp16 &&
                          (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows > w4a16_gemm_pair_max_rows(true) && rows <= w4a16_gemm_lut_max_rows(true);
+                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   // bf16 on AVX-512 without BF16, blocked path: one-group k-tiles decoded by the vdpbf16ps path's
