@@ -118,59 +118,13 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   if (args.num_groups > 1 && size_m >= cpu::w4a16_gemm_dequant_threshold(type))
     return w4a16_gemm_cpu_dense(a, b_q_weight, b_scales, b_zeros, g_idx, perm, b_bias, args,
                                 size_m, size_n, size_k, type, isa, threads);
-  // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
-  // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
-  // on every call, whose first-touch faults and zeroing cost a few % of a prefill call
-  // (M = 256 x N = 11008: 11 MiB of fp32 result alone). Calls that need more than
-  // kKeptScratchBytes get a buffer of their own, freed on return, so a long prompt does not
-  // pin its buffers for the life of the thread.
-  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
-  thread_local std::vector<float> kept_scratch;
-  std::vector<float> own_scratch;
-  const int64_t lda = size_k + 16;
-  // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
-  // bytes, next to the K * N / 2 of the weight).
-  const int64_t lda_bf16 = size_k + 32;
-  const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
-  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each), 16-float aligned
-  const int64_t a32_floats = (size_m * lda + 15) / 16 * 16;
-  const int64_t c32_floats = (size_m * size_n + 15) / 16 * 16;
-  const int64_t bf16_floats = gather_bf16 ? (size_m * lda_bf16 + 1) / 2 : 0;
-  const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
-  std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
-                                                                          : own_scratch;
-  if (scratch.size() < need) scratch.resize(need);
-  // Plain pointers into the scratch (tensor views of it were three TensorImpls per call).
-  float* const a32 = scratch.data();
-  float* const c32 = scratch.data() + a32_floats;
-  uint16_t* const a_bf16 =
-      gather_bf16 ? reinterpret_cast<uint16_t*>(scratch.data() + a32_floats + c32_floats) : nullptr;
-  at::Tensor bias32;
-  if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
-  at::Tensor out = at::empty({size_m, size_n}, a.options());
-  const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
-  const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;
-  const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
-  const int32_t* perm_ptr = args.has_act_order ? perm->data_ptr<int32_t>() : nullptr;
-  cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
-    std::vector<uint16_t> gathered(perm_ptr && !gather_bf16 ? size_k : 0);
-    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
-    for (int64_t m = item * rows_per_item; m < m1; ++m)
-      cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
-                         a32 + m * lda, gather_bf16 ? a_bf16 + m * lda_bf16 : nullptr,
-                         gathered.data());
-  });
-
   cpu::W4a16GemmProblem p =
       weight_problem(b_q_weight, b_scales, b_zeros, g_idx, args, size_m, size_n, size_k, type);
-  p.a = a32;
-  p.lda = lda;
-  if (a_bf16 != nullptr) {
-    p.a_bf16 = a_bf16;
-    p.lda_bf16 = lda_bf16;
-  }
+  at::Tensor bias32;
+  if (args.has_bias) bias32 = b_bias->to(at::kFloat).contiguous();  // N elements: serial
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
-  p.c = c32;
+  at::Tensor out = at::empty({size_m, size_n}, a.options());
+  const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
@@ -184,9 +138,72 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
     row_blocks = std::max<int64_t>(1, std::min((4 * threads + num_chunks - 1) / num_chunks,
                                                size_m / 48));
   const int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
-  const int64_t chunks_per_item = std::max<int64_t>(1, num_chunks / (8 * threads));
-  const int64_t items_per_row_block = (num_chunks + chunks_per_item - 1) / chunks_per_item;
+  const int64_t last_block_rows = size_m - (row_blocks - 1) * rows_per_block;
+  // About 8 items per thread, their chunk counts differing by at most one. (A fixed count per
+  // item left a short remainder: 11008 columns = 172 chunks were 17 items of 10 and one of 2,
+  // so of two threads one ran 90 chunks and the other 82.)
+  const int64_t items_per_row_block = std::max<int64_t>(1, std::min(num_chunks, 8 * threads));
   const int64_t num_items = items_per_row_block * row_blocks;
+
+  // Every item on the blocked path (prefill): it writes its outputs rounded to a's dtype
+  // itself (no fp32 result to store, read back and round: M x N x 8 bytes of traffic), and
+  // with vdpbf16ps it reads only the bf16 copy of a (no fp32 one: M x K x 4 bytes).
+  const cpu::W4a16RowPaths paths =
+      cpu::w4a16_gemm_row_paths(p, rows_per_block, isa, gather_bf16);
+  const bool blocked =
+      paths.blocked() &&
+      cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16).blocked();
+  const bool need_a32 = !(blocked && paths.use_dpbf16);
+
+  // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
+  // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
+  // on every call, whose first-touch faults and zeroing cost a few % of a prefill call
+  // (M = 256 x N = 11008: 11 MiB of fp32 result alone). Calls that need more than
+  // kKeptScratchBytes get a buffer of their own, freed on return, so a long prompt does not
+  // pin its buffers for the life of the thread.
+  constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+  thread_local std::vector<float> kept_scratch;
+  std::vector<float> own_scratch;
+  const int64_t lda = size_k + 16;
+  // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
+  // bytes, next to the K * N / 2 of the weight).
+  const int64_t lda_bf16 = size_k + 32;
+  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each), 16-float aligned
+  const int64_t a32_floats = need_a32 ? (size_m * lda + 15) / 16 * 16 : 0;
+  const int64_t c32_floats = blocked ? 0 : (size_m * size_n + 15) / 16 * 16;
+  const int64_t bf16_floats = gather_bf16 ? (size_m * lda_bf16 + 1) / 2 : 0;
+  const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
+  std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
+                                                                          : own_scratch;
+  if (scratch.size() < need) scratch.resize(need);
+  // Plain pointers into the scratch (tensor views of it were three TensorImpls per call).
+  float* const a32 = need_a32 ? scratch.data() : nullptr;
+  float* const c32 = blocked ? nullptr : scratch.data() + a32_floats;
+  uint16_t* const a_bf16 =
+      gather_bf16 ? reinterpret_cast<uint16_t*>(scratch.data() + a32_floats + c32_floats) : nullptr;
+  uint16_t* const out_bits = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
+  const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;
+  const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const int32_t* perm_ptr = args.has_act_order ? perm->data_ptr<int32_t>() : nullptr;
+  cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
+    std::vector<uint16_t> gathered(perm_ptr && !gather_bf16 ? size_k : 0);
+    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
+    for (int64_t m = item * rows_per_item; m < m1; ++m)
+      cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
+                         a32 ? a32 + m * lda : nullptr,
+                         gather_bf16 ? a_bf16 + m * lda_bf16 : nullptr, gathered.data());
+  });
+
+  p.a = a32;
+  p.lda = lda;
+  if (a_bf16 != nullptr) {
+    p.a_bf16 = a_bf16;
+    p.lda_bf16 = lda_bf16;
+  }
+  p.c = c32;
+  p.out16 = blocked ? out_bits : nullptr;
+
   // M <= 4 on the decode path: items of whole k-tile rows instead
   // (cpu/w4a16_gemm_decode_split.h).
   if (cpu::w4a16_gemm_decode_split_applies(p, isa))
@@ -194,17 +211,18 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   else
     cpu::WorkQueue::instance().run(num_items, static_cast<int>(threads), [&](int64_t item) {
       const int64_t rb = item / items_per_row_block, cg = item % items_per_row_block;
-      const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
+      const int64_t ch0 = cg * num_chunks / items_per_row_block;
+      const int64_t ch1 = (cg + 1) * num_chunks / items_per_row_block;
       const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
       if (m0 < m1) cpu::w4a16_gemm_cpu_chunks(p, ch0, ch1, m0, m1, isa);
     });
-  // One rounding of the fp32 result (bias included) to a's dtype.
-  cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
-    const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
-    for (int64_t m = item * rows_per_item; m < m1; ++m)
-      cpu::narrow_c_row(c32 + m * size_n, size_n, type, avx512,
-                        reinterpret_cast<uint16_t*>(out.data_ptr()) + m * size_n);
-  });
+  // One rounding of the fp32 result (bias included) to a's dtype (the blocked path did it).
+  if (!blocked)
+    cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
+      const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
+      for (int64_t m = item * rows_per_item; m < m1; ++m)
+        cpu::narrow_c_row(c32 + m * size_n, size_n, type, avx512, out_bits + m * size_n);
+    });
   return out;
 }
 

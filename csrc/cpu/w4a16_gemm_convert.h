@@ -84,8 +84,8 @@ __attribute__((target("avx512f,avx512bw"))) inline void narrow_row_avx512(
 #endif
 
 // Row m of a (row stride lda_in, half bits), its columns gathered by perm (act order: column r
-// is a[m, perm[r]]; nullptr: identity), into dst32 (fp32) and, if dst16 != nullptr, dst16 (the
-// same half bits). gathered: size_k scratch halves when perm != nullptr.
+// is a[m, perm[r]]; nullptr: identity), into dst32 (fp32) if dst32 != nullptr and dst16 (the
+// same half bits) if dst16 != nullptr. gathered: size_k scratch halves when perm != nullptr.
 inline void prepare_a_row(const uint16_t* a_row, const int32_t* perm, int64_t size_k,
                           HalfType type, bool avx512, float* dst32, uint16_t* dst16,
                           uint16_t* gathered) {
@@ -97,6 +97,7 @@ inline void prepare_a_row(const uint16_t* a_row, const int32_t* perm, int64_t si
   } else if (dst16) {
     std::memcpy(dst16, a_row, size_k * 2);
   }
+  if (dst32 == nullptr) return;  // the caller needs only the bf16 copy
 #ifdef W4K_CONVERT_AVX512
   if (avx512) {
     widen_row_avx512(src, size_k, type, dst32);

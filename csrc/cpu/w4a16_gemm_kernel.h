@@ -31,6 +31,7 @@
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_avx2.h"
 #include "cpu/w4a16_gemm_avx512.h"
+#include "cpu/w4a16_gemm_convert.h"
 #include "cpu/w4a16_gemm_decode_avx512.h"
 #include "cpu/w4a16_gemm_layout.h"
 
@@ -142,17 +143,20 @@ inline void tile_row_groups(const W4a16GemmProblem& p, int64_t kt, const float* 
 }
 
 // c[m0 + i, chunk ch] = epilogue(sums[i][x]) for rows i < rows, sums in wbuf column order.
-inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
-                             const float* chan_scale, const float* sums) {
+// c_row: where the chunk's 64 outputs of that row go (chunk column n at c_row[n]).
+inline void write_chunk_row(const W4a16GemmProblem& p, int64_t ch, const float* chan_scale,
+                            const float* sums, float* c_row) {
   const MarlinChunkTables& tb = chunk_tables();
   const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
-  for (int64_t i = 0; i < rows; ++i) {
-    float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
-    for (int x = 0; x < 64; ++x) {
-      const int n = tb.colperm[x];
-      c_row[n] = epilogue(sums[i * 64 + x], chan_scale, n, bias ? bias[n] : 0.0f);
-    }
+  for (int x = 0; x < 64; ++x) {
+    const int n = tb.colperm[x];
+    c_row[n] = epilogue(sums[x], chan_scale, n, bias ? bias[n] : 0.0f);
   }
+}
+inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
+                             const float* chan_scale, const float* sums) {
+  for (int64_t i = 0; i < rows; ++i)
+    write_chunk_row(p, ch, chan_scale, sums + i * 64, p.c + (m0 + i) * p.size_n + 64 * ch);
 }
 
 // ---- the decode path's summation order, for every ISA --------------------------------------
@@ -494,10 +498,61 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
 }
 #endif
 
-// c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end).
-// Paths: AVX-512 lookup tables (few rows), else the blocked path (dequantize 64
-// rows of K x 64 columns, then register-blocked FMAs; vdpbf16ps for bf16), else portable C++
-// (or its AVX2 twin, w4a16_gemm_avx2.h, with the same bits).
+// Which path w4a16_gemm_cpu_chunks takes for a work item of `rows` rows of a (the binding asks
+// too: the blocked path writes its outputs rounded, and the vdpbf16ps one needs no fp32 a).
+struct W4a16RowPaths {
+  // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs (decode and blocked paths).
+  bool use_dpbf16;
+  // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
+  // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path (with
+  // vdpbf16ps the blocked path wins at every M above the decode path's).
+  bool use_lut;
+  // Few rows: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or
+  // fp16 widened to fp32) streams the weight faster than the lookup tables. (bf16 without
+  // AVX512-BF16: vdpbf16ps emulated by two FMAs, pair_chunks_avx512 kEmu)
+  bool use_pairs;
+  // The decode path's rows on the portable and AVX2 paths: the AVX-512 decode path's summation
+  // order (decode_order_chunk), so that they give its bits.
+  bool decode_order;
+  // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
+  bool lut_order;
+  // None of the above: the blocked path (a k-block of a chunk dequantized once, then
+  // register-blocked vdpbf16ps or FMAs over all the rows).
+  bool blocked() const { return !use_lut && !use_pairs && !decode_order && !lut_order; }
+};
+
+// has_a_bf16: a is also given as bf16 (p.a_bf16; the binding does that for bf16 activations).
+inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t rows, CpuIsa isa,
+                                          bool has_a_bf16) {
+  const bool avx512 = is_avx512(isa);
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  const bool tiles_ok = p.g_idx != nullptr || p.group_size % 16 == 0;
+  W4a16RowPaths r;
+  r.use_dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && has_a_bf16;
+  r.use_lut = avx512 && tiles_ok && rows <= w4a16_gemm_lut_max_rows(fp16);
+  r.use_pairs = avx512 && (fp16 || has_a_bf16) && tiles_ok &&
+                rows <= w4a16_gemm_pair_max_rows();
+  r.decode_order = !avx512 && decode_order_applies(p);
+  r.lut_order = !avx512 && !r.decode_order && fp16 && tiles_ok &&
+                rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
+  return r;
+}
+
+// The 64 outputs of row m of chunk ch, fp32 (wbuf column order is the caller's business): into
+// p.c, or rounded to the half type straight into p.out16 (the blocked path), through `tmp`.
+inline float* chunk_row_dst(const W4a16GemmProblem& p, int64_t ch, int64_t m, float* tmp) {
+  return p.out16 ? tmp : p.c + m * p.size_n + 64 * ch;
+}
+inline void chunk_row_done(const W4a16GemmProblem& p, int64_t ch, int64_t m, const float* tmp,
+                           bool avx512) {
+  if (p.out16) narrow_c_row(tmp, 64, p.weight_type, avx512, p.out16 + m * p.size_n + 64 * ch);
+}
+
+// c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end), on
+// the path w4a16_gemm_row_paths picks: the AVX-512 decode or lookup-table paths (few rows), the
+// blocked path (dequantize 64 or 256 rows of K x 64 columns, then register-blocked FMAs;
+// vdpbf16ps for bf16), or, below AVX-512, portable C++ (or its AVX2 twin, w4a16_gemm_avx2.h)
+// with the same bits. Outputs go to p.c as fp32, except on the blocked path with p.out16 set.
 // Returns 0 (no failure mode once the binding has checked the arguments).
 inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
                                  int64_t chunk_end, int64_t m0, int64_t m1, CpuIsa isa) {
@@ -509,9 +564,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const float* zrow[16];
   const bool avx512 = is_avx512(isa);
   const bool avx2 = isa == CpuIsa::kAvx2;
-  // bf16 activations: two k-rows per vdpbf16ps on bf16 weight pairs.
-  const bool use_dpbf16 = isa == CpuIsa::kAvx512Bf16 &&
-                          p.weight_type == HalfType::kBFloat16 && p.a_bf16 != nullptr;
+  const W4a16RowPaths paths = w4a16_gemm_row_paths(p, rows, isa, p.a_bf16 != nullptr);
+  const bool use_dpbf16 = paths.use_dpbf16;
   // bf16 activations on the fp32 blocked paths: each k-pair's products added odd row first, as
   // vdpbf16ps does, so that a CPU with and one without AVX512-BF16 (and the AVX2 and portable
   // paths) give the same bits (micro_generic).
@@ -530,25 +584,10 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
   std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
   std::vector<float> wbuf(kKc * 64), acc(rows * 64);
-  // Few rows: decoding dominates, and the lookup-table path decodes 16 weights per vpermps.
-  // Measured crossover (one core, K = N = 4096): ~8 rows against the fp32 blocked path (with
-  // vdpbf16ps the blocked path wins at every M above the decode path's).
-  const bool use_lut = avx512 && (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                       rows <= w4a16_gemm_lut_max_rows(p.weight_type == HalfType::kFloat16);
-  // Few rows: the in-place decode (w4a16_gemm_decode_avx512.h: bf16 pairs for vdpbf16ps, or
-  // fp16 widened to fp32) streams the weight faster than the lookup tables.
   const bool fp16 = p.weight_type == HalfType::kFloat16;
-  // (bf16 without AVX512-BF16: vdpbf16ps emulated by two FMAs, pair_chunks_avx512 kEmu)
-  const bool use_pairs = avx512 && (fp16 || p.a_bf16 != nullptr) &&
-                         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows <= w4a16_gemm_pair_max_rows();
-  // The decode path's rows on the portable and AVX2 paths: the AVX-512 decode path's summation order
-  // (decode_order_chunk), so that they give its bits.
-  const bool decode_order = !avx512 && decode_order_applies(p);
-  // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
-  const bool lut_order = !avx512 && !decode_order && fp16 &&
-                         (p.g_idx != nullptr || p.group_size % 16 == 0) &&
-                         rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
+  const bool use_lut = paths.use_lut, use_pairs = paths.use_pairs;
+  const bool decode_order = paths.decode_order, lut_order = paths.lut_order;
+  // (p.out16 is for the blocked path only; the binding sets it only where that runs.)
   std::vector<float> lut, lut_acc;
   std::vector<int32_t> tile_group;  // group of each k-tile, -1 if its rows span groups
   // bf16 on AVX-512 without BF16, blocked path: one-group k-tiles decoded by the vdpbf16ps path's
@@ -656,9 +695,14 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
         if (use_dpbf16 || emu_lut) {
           // Consecutive k-tiles of a chunk are 8 * size_n bytes apart, a stride the hardware
           // prefetchers do not follow: fetch the tile one k-block ahead (8 lines of 64 bytes).
+          // And into L1 two tiles ahead: the decode waited on these loads from L2 (a third of
+          // its samples; M = 256 one thread, perf). Its share of the op went 3.3-3.7 -> 2.2-2.4 %
+          // (M = 256) and M = 64 took 1-6 % less (4096 x 4096, 11008 x 4096, one thread).
           if (k0 + kKc < p.size_k)
             for (int l = 0; l < 8; ++l)
               __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+          if (k0 + 32 < kb + kc)
+            for (int l = 0; l < 8; ++l) __builtin_prefetch(words + 4 * p.size_n + 16 * l, 0, 3);
           uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
           const int64_t g = tile_group[k0 / 16];
           if (g >= 0 && pair_lut) {  // one group: table lookups
@@ -706,7 +750,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
         dequant_tile_generic(words, srow, has_zp ? zrow : nullptr, p.weight_type, w_tile);
       }
-      const float* a_block = p.a + m0 * p.lda + kb;
+      const float* a_block = p.a ? p.a + m0 * p.lda + kb : nullptr;  // (none with vdpbf16ps)
 #ifdef W4K_HAVE_AVX512_PATH
       if (use_dpbf16) {
         micro_bf16_avx512_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
@@ -727,16 +771,17 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
       micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
     }
+    alignas(64) float row_tmp[64];
     for (int64_t i = 0; i < rows; ++i) {
-      float* c_row = p.c + (m0 + i) * p.size_n + 64 * ch;
+      float* c_row = chunk_row_dst(p, ch, m0 + i, row_tmp);
       const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
 #ifdef W4K_HAVE_AVX512_PATH
-      if (avx512 && chan_scale == nullptr) {
+      if (avx512 && chan_scale == nullptr)
         write_chunk_row_grouped_avx512(acc.data() + i * 64, bias, c_row);
-        continue;
-      }
+      else
 #endif
-      write_chunk_rows(p, ch, m0 + i, 1, chan_scale, acc.data() + i * 64);
+        write_chunk_row(p, ch, chan_scale, acc.data() + i * 64, c_row);
+      chunk_row_done(p, ch, m0 + i, row_tmp, avx512);
     }
   }
   return 0;

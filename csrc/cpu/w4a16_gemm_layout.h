@@ -28,6 +28,7 @@ struct W4a16GemmProblem {
   const int32_t* g_idx;        // [size_k] group of each Marlin row (sorted), or nullptr
   const float* bias;           // [size_n] or nullptr
   float* c;                    // [size_m, size_n] fp32 result, row stride size_n
+  uint16_t* out16 = nullptr;   // or, on the blocked path: the result rounded to weight_type
   int64_t size_m, size_n, size_k;
   int64_t num_groups;          // G, rows of scales (and zeros)
   int64_t group_size;          // rows per group when g_idx == nullptr (K / G; K for G == 1)
