@@ -50,7 +50,7 @@ CASES = [
     (3, 128, 136, 128, torch.bfloat16),    # lookup path, N = 136: a 1-word tail
     (4, 512, 64, 128, torch.bfloat16),     # lookup path, M = 4
     (1, 11008, 192, 128, torch.bfloat16),  # lookup path, K = 11008 (86 groups)
-    (5, 11008, 192, 128, torch.bfloat16),  # tile path, K = 11008, 86 strips
+    (5, 11008, 192, 128, torch.bfloat16),  # tile path, K = 11008, 43 strips of 256 rows
     (1, 11008, 192, 128, torch.float16),   # tile path (fp16), K = 11008
     (3, 200, 136, 40, torch.bfloat16),     # tile path at small M: group size not a multiple of 16
     (2, 105, 64, 35, torch.bfloat16),      # tile path, K odd: the last bf16 pair is (x, 0)

@@ -46,6 +46,9 @@ namespace awq_cpu {
 constexpr int64_t kBlockN = 64;     // columns per block (8 words, half a 64-byte line)
 constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns, 2 lines a row
 constexpr int64_t kStripK = 128;    // rows of K per strip (the decoded tile stays in L1)
+// The AVX-512 bf16 tile path's strips: 256 rows as bf16 pairs take the 32 KiB of 128 fp32 rows,
+// and spread each load / store of the 6 x 64 accumulators over twice the vdpbf16ps.
+constexpr int64_t kStripKBf16 = 256;
 constexpr int kLaneCol[2][4] = {{0, 4, 1, 5}, {2, 6, 3, 7}};
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // column 8w + j is nibble kAwqNibble[j]
 
@@ -123,8 +126,8 @@ struct Problem {
 // Per-thread scratch: sized by scratch_floats().
 inline int64_t scratch_floats(int64_t size_m) {
   return size_m * kChunkBlocks * kBlockN      // accumulators of one chunk, lane order
-         + kStripK * kBlockN                  // one decoded strip (fp32 or bf16 pairs)
-         + (kStripK + 2) * 2 * kBlockN;       // scales / zero products of the strip's groups
+         + kStripK * kBlockN                  // a strip: 128 fp32 rows, or 256 as bf16 pairs
+         + (kStripKBf16 + 2) * 2 * kBlockN;   // scales / zero products of the strip's groups
 }
 
 // ---- portable path: the same operations, column by column ------------------------------------
@@ -259,10 +262,11 @@ W4K_AWQ_AVX512 inline __m512i pair_index() {
 template <Dtype D, bool kFull>
 W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
                                  const BlockParams* const* rows, float* tile) {
+  constexpr int64_t kStrip = D == Dtype::kHalf ? kStripK : kStripKBf16;  // next strip: prefetched
   if constexpr (D == Dtype::kHalf) {
     for (int64_t r = 0; r < kb; ++r) {
       __m512 w[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T0);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w);
       for (int j = 0; j < 4; ++j)
         _mm512_store_ps(tile + (r * 4 + j) * 16,
@@ -272,8 +276,8 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
     const __m512i pidx = pair_index();
     for (int64_t r = 0; r < kb; r += 2) {
       __m512 w0[4], w1[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStripK) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStrip) * ldq), _MM_HINT_T0);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
       if (r + 1 < kb) {
         decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
@@ -374,10 +378,11 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
   float* acc = scratch;
   float* tile = acc + pb.size_m * kChunkBlocks * kBlockN;
   BlockParams* params = reinterpret_cast<BlockParams*>(tile + kStripK * kBlockN);
-  const BlockParams* rows[kStripK];
+  constexpr int64_t kStrip = D == Dtype::kHalf ? kStripK : kStripKBf16;
+  const BlockParams* rows[kStrip];
   std::memset(acc, 0, sizeof(float) * pb.size_m * nblocks * kBlockN);
-  for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
-    const int64_t kb = std::min(kStripK, pb.size_k - k0);
+  for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStrip) {
+    const int64_t kb = std::min(kStrip, pb.size_k - k0);
     const int64_t g0 = k0 / group_size, g1 = (k0 + kb - 1) / group_size;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = n_begin + b * kBlockN;
