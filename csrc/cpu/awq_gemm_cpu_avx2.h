@@ -214,12 +214,13 @@ W4K_AWQ_AVX2 void chunk_avx2(const Problem& pb, const float* xf, int64_t n_begin
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
     const int64_t kb = std::min(kStripK, pb.size_k - k0);
     const int64_t g0 = k0 / group_size, g1 = (k0 + kb - 1) / group_size;
+    // each row's group parameters (filled per block below; the rows' groups are the same)
+    for (int64_t r = 0; r < kb; ++r) rows[r] = &params[(k0 + r) / group_size - g0];
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = n_begin + b * kBlockN;
       const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
       bool plain = true;
       for (int64_t g = g0; g <= g1; ++g) plain &= avx2_load_params<D>(pb, g, n0, words, params[g - g0]);
-      for (int64_t r = 0; r < kb; ++r) rows[r] = &params[(k0 + r) / group_size - g0];
       const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
       if (plain)
         avx2_decode_strip<D, true>(q, ldq, kb, words, rows, tile);
