@@ -58,6 +58,10 @@ constexpr int lane_column(int p) {
 
 enum class Dtype { kHalf, kBFloat16 };
 
+// Rows per strip of the AVX-512 tile path for activations of type D.
+template <Dtype D>
+inline constexpr int64_t kTileStripRows = D == Dtype::kHalf ? kStripK : kStripKBf16;
+
 // ---- scalar helpers (shared by every path) ---------------------------------------------------
 
 inline float bits_to_float(uint32_t u) {
@@ -262,7 +266,7 @@ W4K_AWQ_AVX512 inline __m512i pair_index() {
 template <Dtype D, bool kFull>
 W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
                                  const BlockParams* const* rows, float* tile) {
-  constexpr int64_t kStrip = D == Dtype::kHalf ? kStripK : kStripKBf16;  // next strip: prefetched
+  constexpr int64_t kStrip = kTileStripRows<D>;  // the next strip's rows: prefetched
   if constexpr (D == Dtype::kHalf) {
     for (int64_t r = 0; r < kb; ++r) {
       __m512 w[4];
@@ -378,7 +382,7 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
   float* acc = scratch;
   float* tile = acc + pb.size_m * kChunkBlocks * kBlockN;
   BlockParams* params = reinterpret_cast<BlockParams*>(tile + kStripK * kBlockN);
-  constexpr int64_t kStrip = D == Dtype::kHalf ? kStripK : kStripKBf16;
+  constexpr int64_t kStrip = kTileStripRows<D>;
   const BlockParams* rows[kStrip];
   std::memset(acc, 0, sizeof(float) * pb.size_m * nblocks * kBlockN);
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStrip) {

@@ -538,16 +538,6 @@ inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t row
   return r;
 }
 
-// The 64 outputs of row m of chunk ch, fp32 (wbuf column order is the caller's business): into
-// p.c, or rounded to the half type straight into p.out16 (the blocked path), through `tmp`.
-inline float* chunk_row_dst(const W4a16GemmProblem& p, int64_t ch, int64_t m, float* tmp) {
-  return p.out16 ? tmp : p.c + m * p.size_n + 64 * ch;
-}
-inline void chunk_row_done(const W4a16GemmProblem& p, int64_t ch, int64_t m, const float* tmp,
-                           bool avx512) {
-  if (p.out16) narrow_c_row(tmp, 64, p.weight_type, avx512, p.out16 + m * p.size_n + 64 * ch);
-}
-
 // c[m0:m1, chunk columns] (+ bias) for every 64-column chunk in [chunk_begin, chunk_end), on
 // the path w4a16_gemm_row_paths picks: the AVX-512 decode or lookup-table paths (few rows), the
 // blocked path (dequantize 64 or 256 rows of K x 64 columns, then register-blocked FMAs;
@@ -702,7 +692,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
             for (int l = 0; l < 8; ++l)
               __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
           if (k0 + 32 < kb + kc)
-            for (int l = 0; l < 8; ++l) __builtin_prefetch(words + 4 * p.size_n + 16 * l, 0, 3);
+            for (int l = 0; l < 8; ++l) __builtin_prefetch(words + 2 * 2 * p.size_n + 16 * l, 0, 3);
           uint32_t* pairs = reinterpret_cast<uint32_t*>(wbuf.data()) + (k0 - kb) / 2 * 64;
           const int64_t g = tile_group[k0 / 16];
           if (g >= 0 && pair_lut) {  // one group: table lookups
@@ -771,9 +761,11 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
       micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
     }
+    // Each row's 64 outputs into p.c, or (p.out16) into row_tmp and rounded from there.
     alignas(64) float row_tmp[64];
     for (int64_t i = 0; i < rows; ++i) {
-      float* c_row = chunk_row_dst(p, ch, m0 + i, row_tmp);
+      const int64_t out_at = (m0 + i) * p.size_n + 64 * ch;
+      float* c_row = p.out16 ? row_tmp : p.c + out_at;
       const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
 #ifdef W4K_HAVE_AVX512_PATH
       if (avx512 && chan_scale == nullptr)
@@ -781,7 +773,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       else
 #endif
         write_chunk_row(p, ch, chan_scale, acc.data() + i * 64, c_row);
-      chunk_row_done(p, ch, m0 + i, row_tmp, avx512);
+      if (p.out16) narrow_c_row(row_tmp, 64, p.weight_type, avx512, p.out16 + out_at);
     }
   }
   return 0;
