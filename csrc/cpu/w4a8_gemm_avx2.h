@@ -8,7 +8,7 @@
 // of the AVX-512 path's panels: quad q (4 k-rows, kernel k order) at byte 256 q, panel column p
 // at dword p of the quad, its 4 bytes the codes of rows 4q .. 4q + 3 of column col[p]:
 //   panel[256 q + 4 p + i] = code(k0 + 4 q + i, col[p])        (q < block / 4, p < 64, i < 4)
-// * Marlin: one vpshufb + (x | x << 12) & 0x0f0f0f0f per 8 words, as the AVX-512 decode (a
+// * Marlin: shifts, masks and two in-lane vpunpck per 8 words, as the AVX-512 decode (a
 //   128-bit block t of the result is 4 panel dwords of quad t); vperm2i128 pairs two word
 //   groups' block t into one 32-byte store.
 // * AWQ: the 4 rows of a quad (32 bytes each: 64 columns) are byte-interleaved by vpunpck
@@ -70,25 +70,21 @@ inline bool a8_avx2_use_vnni() {
 // gives, after the pair shuffle and the nibble spread, panel dwords 16g + 4cc .. + 3 of quad t
 // (g = h for byte pairs (0, 2) / (1, 3) of words j = 0, 1, g = 2 + h for words 2, 3).
 W4K_A8_AVX2 inline void decode_marlin_tile_avx2(const int32_t* words, uint8_t* panel) {
-  const __m256i lo_pairs = _mm256_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1,
-                                            -1, 0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7,
-                                            -1, -1);
-  const __m256i hi_pairs = _mm256_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13,
-                                            15, -1, -1, 8, 10, -1, -1, 9, 11, -1, -1, 12, 14,
-                                            -1, -1, 13, 15, -1, -1);
-  const __m256i nib = _mm256_set1_epi32(0x0f0f0f0f);
+  const __m256i even = _mm256_set1_epi32(0x000f000f), odd = _mm256_set1_epi32(0x0f000f00);
   for (int h = 0; h < 2; ++h) {
     for (int tp = 0; tp < 4; tp += 2) {  // quads tp, tp + 1
       for (int cc = 0; cc < 4; cc += 2) {  // word groups cc, cc + 1: 32 bytes of the panel
-        __m256i d[2][2];  // [word group][lo / hi pairs]
+        __m256i d[2][2];  // [word group][words 0, 1 / words 2, 3 of each 128-bit block]
         for (int i = 0; i < 2; ++i) {
           const __m256i w = _mm256_loadu_si256(
               reinterpret_cast<const __m256i*>(words + 16 * (4 * h + cc + i) + 4 * tp));
-          const __m256i x1 = _mm256_shuffle_epi8(w, lo_pairs);
-          const __m256i x2 = _mm256_shuffle_epi8(w, hi_pairs);
-          // (x | x << 12) & 0x0f0f0f0f: the 4 nibbles of the 16-bit pair to 4 bytes
-          d[i][0] = _mm256_and_si256(_mm256_or_si256(x1, _mm256_slli_epi32(x1, 12)), nib);
-          d[i][1] = _mm256_and_si256(_mm256_or_si256(x2, _mm256_slli_epi32(x2, 12)), nib);
+          // column A (bytes 0, 2) and column B (bytes 1, 3) of each word, nibbles to bytes
+          const __m256i a = _mm256_or_si256(_mm256_and_si256(w, even),
+                                            _mm256_and_si256(_mm256_slli_epi32(w, 4), odd));
+          const __m256i b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w, 8), even),
+                                            _mm256_and_si256(_mm256_srli_epi32(w, 4), odd));
+          d[i][0] = _mm256_unpacklo_epi32(a, b);
+          d[i][1] = _mm256_unpackhi_epi32(a, b);
         }
         for (int e = 0; e < 2; ++e) {
           uint8_t* dst = panel + 64 * (2 * e + h) + 16 * cc;

@@ -47,6 +47,54 @@ W4K_A8_TARGET inline void transpose_blocks(__m512i v[4]) {
   v[3] = _mm512_shuffle_i64x2(t1, t3, 0xdd);
 }
 
+// One zmm of Marlin words -> the two zmm of their codes: per 128-bit block (words j = 0..3),
+// d1 = dwords (A, B) of word 0, (A, B) of word 1 and d2 the same for words 2, 3, where A holds
+// the low and high nibbles of bytes 0 and 2 (column A, rows 2t, 2t + 8, 2t + 1, 2t + 9) and B
+// those of bytes 1 and 3 (column A + 8). Only shifts, masks, byte blends and in-lane unpacks:
+// on Zen 4 a vpshufb or vpternlogd takes issue slots from vpdpbusd, these mostly don't
+// (measured: 8 vpternlogd next to 8 vpdpbusd add 8 cycles, 8 vpandd or vpsrld none).
+W4K_A8_TARGET inline __attribute__((always_inline)) void decode_marlin_words(__m512i w,
+                                                                           __m512i& d1,
+                                                                           __m512i& d2) {
+  // lo: bytes (n0, n2, n4, n6), hi: (n1, n3, n5, n7); a = bytes (lo0, hi0, lo2, hi2) = column
+  // A, b = (lo1, hi1, lo3, hi3) = column B, by byte blends
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i lo = _mm512_and_si512(w, nib), hi = _mm512_and_si512(_mm512_srli_epi32(w, 4), nib);
+  constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
+  const __m512i a = _mm512_mask_blend_epi8(kOddBytes, lo, _mm512_slli_epi32(hi, 8));
+  const __m512i b = _mm512_mask_blend_epi8(kOddBytes, _mm512_srli_epi32(lo, 8), hi);
+  d1 = _mm512_unpacklo_epi32(a, b);
+  d2 = _mm512_unpackhi_epi32(a, b);
+}
+
+// The same two zmm by byte shuffles: one vpshufb per output zmm puts a word's bytes 0, 2 (or
+// 1, 3) at bytes 0 and 2 of a dword, and (x | x << 4) & 0x0f0f0f0f spreads the nibbles. Fewer
+// instructions than decode_marlin_words (6 against 9 per zmm of words), but 4 of them compete
+// with vpdpbusd: the better choice where few rows share a decode (1-2 rows, measured).
+W4K_A8_TARGET inline __attribute__((always_inline)) void decode_marlin_words_shuf(__m512i w,
+                                                                                __m512i& d1,
+                                                                                __m512i& d2) {
+  const __m512i lo = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(0, -1, 2, -1, 1, -1, 3, -1, 4, -1, 6, -1, 5, -1, 7, -1));
+  const __m512i hi = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(8, -1, 10, -1, 9, -1, 11, -1, 12, -1, 14, -1, 13, -1, 15, -1));
+  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i x1 = _mm512_shuffle_epi8(w, lo), x2 = _mm512_shuffle_epi8(w, hi);
+  d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 4), nib, 0xa8);
+  d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 4), nib, 0xa8);
+}
+
+// acc += u8 w x s8 (the dword at p broadcast): vpdpbusd with an embedded {1to16} broadcast
+// of its memory operand. GCC does not fold _mm512_set1_epi32(*p) into vpdpbusd (it emits a
+// separate vpbroadcastd per product), so the instruction is written out.
+W4K_A8_TARGET inline __attribute__((always_inline)) __m512i dpbusd_bcst(__m512i acc, __m512i w,
+                                                                      const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
 // Four named int32 accumulators p##0 .. p##3, zeroed (named, not an array: GCC kept arrays of
 // zmm accumulators on the stack), and p##k += u8 e_k x s8 a (vpdpbusd) for the four of them.
 #define W4K_A8_ZERO4(p)                                                       \
@@ -79,28 +127,15 @@ W4K_A8_TARGET inline void prefetch_tile(const int32_t* tile) {
 
 // One Marlin k-tile of one chunk (128 words) -> 4 quads of the panel (4 x 256 bytes).
 W4K_A8_TARGET inline void decode_marlin_tile(const int32_t* words, uint8_t* panel) {
-  // per 128-bit block: dword d <- bytes (b0, b2) of word d/2 (d even) or (b1, b3) (d odd),
-  // zero-extended; kPairsHi the same for words 2, 3 of the block.
-  const __m512i lo_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
-  const __m512i hi_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
-  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
   for (int h = 0; h < 2; ++h) {
-    __m512i d1[4], d2[4];
-    for (int cc = 0; cc < 4; ++cc) {
-      const __m512i w = _mm512_loadu_si512(words + 16 * (4 * h + cc));
-      const __m512i x1 = _mm512_shuffle_epi8(w, lo_pairs);
-      const __m512i x2 = _mm512_shuffle_epi8(w, hi_pairs);
-      // (x | x << 12) & 0x0f0f0f0f: the 4 nibbles of the 16-bit pair to bytes (n0, n2, n1, n3)
-      d1[cc] = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8);
-      d2[cc] = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8);
-    }
-    transpose_blocks(d1);
-    transpose_blocks(d2);
+    __m512i raw[4];  // transposed before the decode (they commute): 8 vshufi64x2, not 16
+    for (int cc = 0; cc < 4; ++cc) raw[cc] = _mm512_loadu_si512(words + 16 * (4 * h + cc));
+    transpose_blocks(raw);
     for (int t = 0; t < 4; ++t) {
-      _mm512_storeu_si512(panel + 256 * t + 64 * h, d1[t]);
-      _mm512_storeu_si512(panel + 256 * t + 64 * (2 + h), d2[t]);
+      __m512i d1, d2;
+      decode_marlin_words(raw[t], d1, d2);
+      _mm512_storeu_si512(panel + 256 * t + 64 * h, d1);
+      _mm512_storeu_si512(panel + 256 * t + 64 * (2 + h), d2);
     }
   }
 }
@@ -252,11 +287,6 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Pr
 W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
     const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles,
     const int8_t* qa, float sa, int32_t sumqa, const float* sw, const int32_t* z, float* c) {
-  const __m512i lo_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
-  const __m512i hi_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
-  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
   const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
 #define W4K_A8_DECL(i) __m512i s##i = _mm512_setzero_si512(), u##i = _mm512_setzero_si512();
   W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
@@ -270,11 +300,8 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
     if (ahead) prefetch_tile(w + ntiles * tile_stride);
 #define W4K_A8_STEP(i)                                                                      \
   {                                                                                         \
-    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                      \
-    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                   \
-    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                   \
-    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
-    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
+    __m512i d1, d2;                                                                         \
+    decode_marlin_words_shuf(_mm512_loadu_si512(w + 16 * i), d1, d2);                       \
     s##i = _mm512_dpbusd_epi32(s##i, d1, av);                                               \
     u##i = _mm512_dpbusd_epi32(u##i, d2, av);                                               \
   }
@@ -397,11 +424,6 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
     const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int h,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw, const int32_t* z, float* c, int64_t ldc) {
-  const __m512i lo_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1));
-  const __m512i hi_pairs = _mm512_broadcast_i32x4(
-      _mm_setr_epi8(8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
-  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
   const __m512i quad_of_block = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
 #define W4K_A8_DECL(i)                                                     \
   __m512i s0##i = _mm512_setzero_si512(), u0##i = _mm512_setzero_si512(), \
@@ -422,11 +444,8 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
     if (ahead)                                                                             \
       _mm_prefetch(reinterpret_cast<const char*>(w + 16 * i + ntiles * tile_stride),       \
                    _MM_HINT_T1);                                                           \
-    const __m512i wv = _mm512_loadu_si512(w + 16 * i);                                     \
-    const __m512i x1 = _mm512_shuffle_epi8(wv, lo_pairs);                                  \
-    const __m512i x2 = _mm512_shuffle_epi8(wv, hi_pairs);                                  \
-    const __m512i d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 12), nib, 0xa8); \
-    const __m512i d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 12), nib, 0xa8); \
+    __m512i d1, d2;                                                                        \
+    decode_marlin_words_shuf(_mm512_loadu_si512(w + 16 * i), d1, d2);                      \
     s0##i = _mm512_dpbusd_epi32(s0##i, d1, a0);                                            \
     u0##i = _mm512_dpbusd_epi32(u0##i, d2, a0);                                            \
     s1##i = _mm512_dpbusd_epi32(s1##i, d1, a1);                                            \
@@ -446,52 +465,50 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_2rows_half_a8(
   }
 }
 
-// Marlin, 5-16 rows: panel zmm g (16 columns) of one block, decoded in registers and used by
-// every row at once (R accumulators): the words c = 4(g % 2) .. + 3 of each k-tile split as d1
-// (g < 2) or d2, the 128-bit block transpose gives the 4 quads. No panel store and reload; the
-// words are read twice per block (g and g + 2 share them), from L1.
+// Marlin, 3-8 rows (a 9-16-row item runs two of these): the half h of a chunk (words
+// c = 4h .. 4h + 3 of each k-tile, panel zmm g = h and 2 + h: 32 columns) decoded in registers
+// and used by every row at once (2R accumulators); the 128-bit block transpose gives one zmm
+// per quad t, whose 4 activation bytes each row broadcasts. No panel store and reload, and no
+// word decoded twice per row group.
 template <int R>
-W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_g_a8(
-    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int g,
+W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_h_a8(
+    const int32_t* words, int64_t tile_stride, bool ahead, int64_t ntiles, int h,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw, const int32_t* z, float* c, int64_t ldc) {
-  const __m512i ctl = g < 2 ? _mm512_broadcast_i32x4(_mm_setr_epi8(
-                                  0, 2, -1, -1, 1, 3, -1, -1, 4, 6, -1, -1, 5, 7, -1, -1))
-                            : _mm512_broadcast_i32x4(_mm_setr_epi8(
-                                  8, 10, -1, -1, 9, 11, -1, -1, 12, 14, -1, -1, 13, 15, -1, -1));
-  const __m512i nib = _mm512_set1_epi32(0x0f0f0f0f);
-#define W4K_A8_DECL(r) __m512i acc##r = _mm512_setzero_si512();
-  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3) W4K_A8_DECL(4) W4K_A8_DECL(5)
-  W4K_A8_DECL(6) W4K_A8_DECL(7) W4K_A8_DECL(8) W4K_A8_DECL(9) W4K_A8_DECL(10) W4K_A8_DECL(11)
-  W4K_A8_DECL(12) W4K_A8_DECL(13) W4K_A8_DECL(14) W4K_A8_DECL(15)
+#define W4K_A8_DECL(r) __m512i lo##r = _mm512_setzero_si512(), hi##r = _mm512_setzero_si512();
+  W4K_A8_DECL(0) W4K_A8_DECL(1) W4K_A8_DECL(2) W4K_A8_DECL(3)
+  W4K_A8_DECL(4) W4K_A8_DECL(5) W4K_A8_DECL(6) W4K_A8_DECL(7)
 #undef W4K_A8_DECL
-  words += 64 * (g % 2);
+  words += 64 * h;
   for (int64_t kt = 0; kt < ntiles; ++kt) {
     const int32_t* w = words + kt * tile_stride;
-    if (ahead) prefetch_tile(w - 64 * (g % 2) + ntiles * tile_stride);
-    __m512i v[4];
-    for (int cc = 0; cc < 4; ++cc) {
-      const __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512(w + 16 * cc), ctl);
-      v[cc] = _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), nib, 0xa8);
-    }
-    transpose_blocks(v);
+    if (ahead) prefetch_tile(w - 64 * h + ntiles * tile_stride);
+    // The block transpose commutes with the lane-wise decode: done on the 4 word zmm, it costs
+    // half of what the 8 decoded zmm would.
+    __m512i raw[4];
+    for (int cc = 0; cc < 4; ++cc) raw[cc] = _mm512_loadu_si512(w + 16 * cc);
+    transpose_blocks(raw);
     const int8_t* q0 = qa + 16 * kt;
     for (int t = 0; t < 4; ++t) {
-#define W4K_A8_ROW(r)                                                                         \
-  if constexpr (R > r)                                                                        \
-    acc##r = _mm512_dpbusd_epi32(                                                             \
-        acc##r, v[t], _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q + 4 * t)));
-      W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
-      W4K_A8_ROW(6) W4K_A8_ROW(7) W4K_A8_ROW(8) W4K_A8_ROW(9) W4K_A8_ROW(10) W4K_A8_ROW(11)
-      W4K_A8_ROW(12) W4K_A8_ROW(13) W4K_A8_ROW(14) W4K_A8_ROW(15)
+      __m512i v1, v2;
+      decode_marlin_words(raw[t], v1, v2);
+#define W4K_A8_ROW(r)                                      \
+  if constexpr (R > r) {                                   \
+    lo##r = dpbusd_bcst(lo##r, v1, q0 + r * lda_q + 4 * t); \
+    hi##r = dpbusd_bcst(hi##r, v2, q0 + r * lda_q + 4 * t); \
+  }
+      W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
+      W4K_A8_ROW(4) W4K_A8_ROW(5) W4K_A8_ROW(6) W4K_A8_ROW(7)
 #undef W4K_A8_ROW
     }
   }
-#define W4K_A8_EPI(r) \
-  if constexpr (R > r) epilogue_one_a8(acc##r, g, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);
-  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
-  W4K_A8_EPI(6) W4K_A8_EPI(7) W4K_A8_EPI(8) W4K_A8_EPI(9) W4K_A8_EPI(10) W4K_A8_EPI(11)
-  W4K_A8_EPI(12) W4K_A8_EPI(13) W4K_A8_EPI(14) W4K_A8_EPI(15)
+#define W4K_A8_EPI(r)                                                                   \
+  if constexpr (R > r) {                                                                \
+    epilogue_one_a8(lo##r, h, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);         \
+    epilogue_one_a8(hi##r, 2 + h, sa[r * lds], sumqa[r * lds], sw, z, c + r * ldc);     \
+  }
+  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3)
+  W4K_A8_EPI(4) W4K_A8_EPI(5) W4K_A8_EPI(6) W4K_A8_EPI(7)
 #undef W4K_A8_EPI
 }
 
@@ -634,40 +651,40 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         }
         continue;
       }
-      if (!awq && rows <= kA8FewRows) {
+      if (!awq && rows <= 2) {
         const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
-        if (rows == 1) {
+        if (rows == 1)
           marlin_row_a8(words, 2 * p.size_n, ahead, ntiles, qa, sa[0], sq[0], sw, z, c);
-          continue;
-        }
-        // pairs of rows, half a chunk per pass; an odd last row by the one-row path
-        int64_t r = 0;
-        for (; r + 2 <= rows; r += 2)
+        else  // half a chunk per pass
           for (int h = 0; h < 2; ++h)
-            marlin_2rows_half_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, h,
-                                 qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
-                                 sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
-        if (r < rows)
-          marlin_row_a8(words, 2 * p.size_n, ahead && r == 0, ntiles, qa + r * p.lda_q,
-                        sa[r * p.num_blocks], sq[r * p.num_blocks], sw, z, c + r * ldc);
+            marlin_2rows_half_a8(words, 2 * p.size_n, ahead, ntiles, h, qa, p.lda_q, sa, sq,
+                                 p.num_blocks, sw, z, c, ldc);
         continue;
       }
       if (!awq && rows <= kA8GroupRows) {
+        // one or two row groups of at most 8 (9 .. 16 rows: halves, the first the larger)
+        const int64_t first = rows <= 8 ? rows : (rows + 1) / 2;
         const int32_t* words = p.qweight + (k0 / 16) * 2 * p.size_n + 128 * ch;
         const int64_t lds = p.num_blocks, ts = 2 * p.size_n;
-        for (int gz = 0; gz < 4; ++gz) {
-          const bool pf = ahead && gz == 0;
-#define W4K_A8_CASE(n)                                                                         \
-  case n:                                                                                      \
-    marlin_rows_g_a8<n>(words, ts, pf, ntiles, gz, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); \
+        for (int64_t r0 = 0; r0 < rows; r0 += first) {
+          const int64_t nr = std::min(first, rows - r0);
+          for (int h = 0; h < 2; ++h) {
+            const bool pf = ahead && h == 0 && r0 == 0;
+            const int8_t* qr = qa + r0 * p.lda_q;
+            const float* sr = sa + r0 * lds;
+            const int32_t* sqr = sq + r0 * lds;
+            float* cr = c + r0 * ldc;
+#define W4K_A8_CASE(n)                                                                       \
+  case n:                                                                                    \
+    marlin_rows_h_a8<n>(words, ts, pf, ntiles, h, qr, p.lda_q, sr, sqr, lds, sw, z, cr, ldc); \
     break;
-          switch (rows) {
-            W4K_A8_CASE(5) W4K_A8_CASE(6) W4K_A8_CASE(7) W4K_A8_CASE(8) W4K_A8_CASE(9)
-            W4K_A8_CASE(10) W4K_A8_CASE(11) W4K_A8_CASE(12) W4K_A8_CASE(13) W4K_A8_CASE(14)
-            W4K_A8_CASE(15) W4K_A8_CASE(16)
-            default: break;
-          }
+            switch (nr) {
+              W4K_A8_CASE(3) W4K_A8_CASE(4) W4K_A8_CASE(5) W4K_A8_CASE(6) W4K_A8_CASE(7)
+              W4K_A8_CASE(8)
+              default: break;
+            }
 #undef W4K_A8_CASE
+          }
         }
         continue;
       }

@@ -31,16 +31,17 @@
 //
 // * Marlin: a k-tile's 16 words 16c .. 16c + 15 (128-bit block t, lane j) hold, in byte pairs,
 //   column A = 16j + c (bytes 0, 2) and B = A + 8 (bytes 1, 3) of rows 2t, 2t + 8 (byte 0 / 1
-//   low / high nibble) and 2t + 1, 2t + 9 (byte 2 / 3). One vpshufb per 2 words puts the byte
-//   pair (b0, b2) or (b1, b3) of a word in the low 16 bits of a dword, and
-//   (x | x << 12) & 0x0f0f0f0f (a shift, a vpternlogd) spreads its 4 nibbles to 4 bytes:
-//   rows (2t, 2t + 1, 2t + 8, 2t + 9) of one column. A 4 x 4 transpose of 128-bit blocks
-//   (8 vshufi64x2 per 4 zmm) gives one zmm per quad t. So the activations of each k-tile are
-//   ordered [0 1 8 9 | 2 3 10 11 | 4 5 12 13 | 6 7 14 15]. By rows of the work item: 1 row
-//   (marlin_row_a8) and 2-4 rows (marlin_2rows_half_a8) skip the transpose and keep the 128-bit
-//   blocks' partial sums apart until the end of the block; 5-16 rows (marlin_rows_g_a8) decode
-//   one 16-column zmm at a time for all rows; more rows decode an L1 panel per (block, chunk)
-//   and run 6-row x 64-column tiles (tile_a8).
+//   low / high nibble) and 2t + 1, 2t + 9 (byte 2 / 3). Shifts and masks put column A's 4
+//   nibbles in the 4 bytes of a dword (rows 2t, 2t + 8, 2t + 1, 2t + 9) and column B's in
+//   another, and two in-lane vpunpck{l,h}dq pair them per word (decode_marlin_words: no vpshufb
+//   or vpternlogd, which on Zen 4 compete with vpdpbusd for issue slots). A 4 x 4 transpose of
+//   128-bit blocks (8 vshufi64x2 per 4 zmm) gives one zmm per quad t. So the activations of each
+//   k-tile are ordered [0 8 1 9 | 2 10 3 11 | 4 12 5 13 | 6 14 7 15]. By rows of the work item:
+//   1 row (marlin_row_a8) and 2 rows (marlin_2rows_half_a8) skip the transpose and keep the
+//   128-bit blocks' partial sums apart until the end of the block (with the cheaper byte-shuffle
+//   decode, decode_marlin_words_shuf); 3-16 rows (marlin_rows_h_a8, row groups of at most 8)
+//   decode half a chunk (32 columns) at a time for all rows of a group; more rows decode an L1
+//   panel per (block, chunk) and run 6-row x 64-column tiles (tile_a8).
 // * AWQ: per quad, one vpermt2b per output zmm gathers byte 4w + b of the 4 rows (held in two
 //   zmm) into a dword, then the low or high nibble is kept (decode_awq_quad_regs): dword = rows
 //   (k, k + 1, k + 2, k + 3) of one column, natural k order; 14 instructions per 256 weights.
@@ -97,16 +98,16 @@ inline int64_t a8_block_size(int64_t group_size) {
   return 0;  // not a multiple of 16: the checks refuse it before this is called
 }
 
-// Up to this many rows per work item the AVX-512 path decodes in registers without the 128-bit
-// block transpose (Marlin) or without L1 panels (AWQ), and AWQ items take 8 chunks.
+// Up to this many rows per work item the AVX-512 path decodes AWQ in registers without L1
+// panels, and Marlin items are fewer and longer (the bandwidth-bound regime).
 constexpr int64_t kA8FewRows = 4;
-// Marlin with 5 .. this many rows: one panel zmm at a time, decoded in registers for all rows;
-// AWQ up to this many rows: items of 8 chunks.
+// Marlin with 3 .. this many rows: half a chunk at a time, decoded in registers for all rows
+// of a row group (at most 8); AWQ up to this many rows: items of 8 chunks.
 constexpr int64_t kA8GroupRows = 16;
 
 // Row order of the quantized activations inside one 16-row Marlin k-tile: position 4t + i holds
-// row kMarlinQuadRow[4t + i] = (2t, 2t + 1, 2t + 8, 2t + 9)[i] (see the header comment).
-constexpr int kMarlinQuadRow[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+// row kMarlinQuadRow[4t + i] = (2t, 2t + 8, 2t + 1, 2t + 9)[i] (see the header comment).
+constexpr int kMarlinQuadRow[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
 
 // Per-format index tables of one 64-column panel, built once from the layout formulas.
 struct PanelTables {
