@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cpu/w4a8_gemm_kernel.h"
+#include "cpu/x86_asm.h"
 
 namespace w4k::cpu {
 
@@ -82,17 +83,6 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void decode_marlin_words_shu
   const __m512i x1 = _mm512_shuffle_epi8(w, lo), x2 = _mm512_shuffle_epi8(w, hi);
   d1 = _mm512_ternarylogic_epi32(x1, _mm512_slli_epi32(x1, 4), nib, 0xa8);
   d2 = _mm512_ternarylogic_epi32(x2, _mm512_slli_epi32(x2, 4), nib, 0xa8);
-}
-
-// acc += u8 w x s8 (the dword at p broadcast): vpdpbusd with an embedded {1to16} broadcast
-// of its memory operand. GCC does not fold _mm512_set1_epi32(*p) into vpdpbusd (it emits a
-// separate vpbroadcastd per product), so the instruction is written out.
-W4K_A8_TARGET inline __attribute__((always_inline)) __m512i dpbusd_bcst(__m512i acc, __m512i w,
-                                                                      const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0"
-      : "+v"(acc)
-      : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
-  return acc;
 }
 
 // Four named int32 accumulators p##0 .. p##3, zeroed (named, not an array: GCC kept arrays of
