@@ -201,25 +201,16 @@ def test_nvcc_compiles_every_wrapper(tmp_path, arch):
         assert instr in text, f"{instr} missing from the {arch} PTX"
 
 
-# The one CPU header allowed x86 inline asm (instructions GCC will not emit from intrinsics).
-X86_ASM_HEADER = os.path.join("cpu", "x86_asm.h")
-
-
 def test_no_inline_asm_outside_ptx_header():
     """Project rule: every inline PTX instruction is a wrapper in csrc/kernels/ptx.cuh (so the
-    emulator can stand in for it); no other C/C++/CUDA source under csrc/ contains asm, except
-    the x86 instructions of csrc/cpu/x86_asm.h, which no CUDA source includes."""
+    emulator can stand in for it); no other C/C++/CUDA source under csrc/ contains asm."""
     offenders = []
     for path in glob.glob(os.path.join(CSRC, "**", "*"), recursive=True):
         if not path.endswith((".h", ".cuh", ".cpp", ".cu", ".cc")):
             continue
-        rel = os.path.relpath(path, CSRC)
-        with open(path, errors="replace") as f:
-            text = f.read()
-        if path.endswith((".cu", ".cuh")) and "x86_asm.h" in text:
-            offenders.append(os.path.relpath(path, ROOT) + " (includes cpu/x86_asm.h)")
-        if rel in (os.path.join("kernels", "ptx.cuh"), X86_ASM_HEADER):
+        if os.path.relpath(path, CSRC) == os.path.join("kernels", "ptx.cuh"):
             continue
-        if re.search(r"\basm\s*(volatile\s*)?\(|__asm__", text):
-            offenders.append(os.path.relpath(path, ROOT))
+        with open(path, errors="replace") as f:
+            if re.search(r"\basm\s*(volatile\s*)?\(|__asm__", f.read()):
+                offenders.append(os.path.relpath(path, ROOT))
     assert not offenders, f"inline asm outside csrc/kernels/ptx.cuh: {offenders}"

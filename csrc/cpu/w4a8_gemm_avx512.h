@@ -6,7 +6,6 @@
 #pragma once
 
 #include "cpu/w4a8_gemm_kernel.h"
-#include "cpu/x86_asm.h"
 
 namespace w4k::cpu {
 
@@ -482,10 +481,12 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_h_a8(
     for (int t = 0; t < 4; ++t) {
       __m512i v1, v2;
       decode_marlin_words(raw[t], v1, v2);
-#define W4K_A8_ROW(r)                                      \
-  if constexpr (R > r) {                                   \
-    lo##r = dpbusd_bcst(lo##r, v1, q0 + r * lda_q + 4 * t); \
-    hi##r = dpbusd_bcst(hi##r, v2, q0 + r * lda_q + 4 * t); \
+#define W4K_A8_ROW(r)                                                                   \
+  if constexpr (R > r) {                                                                \
+    const __m512i a =                                                                   \
+        _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q + 4 * t));   \
+    lo##r = _mm512_dpbusd_epi32(lo##r, v1, a);                                          \
+    hi##r = _mm512_dpbusd_epi32(hi##r, v2, a);                                          \
   }
       W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
       W4K_A8_ROW(4) W4K_A8_ROW(5) W4K_A8_ROW(6) W4K_A8_ROW(7)
