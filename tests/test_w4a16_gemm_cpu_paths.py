@@ -16,8 +16,9 @@ from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
 from w4kernels import reference
 
-# The decode path is the default at M <= 8 (bf16 and fp16) on an AVX-512 CPU; W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its
-# larger M) and 0 turns the path off (then the lookup tables, or the blocked path).
+# The decode path is the default at M <= 8 (bf16 and fp16) on an AVX-512 CPU;
+# W4K_W4A16_PAIR_ROWS moves that limit (test_decode_path raises it to 16 for its larger M) and
+# 0 turns the path off (then the lookup tables, or the blocked path).
 DECODE_OFF = {"W4K_W4A16_PAIR_ROWS": "0"}
 
 
@@ -235,8 +236,9 @@ def test_large_call_own_scratch():
 # an AVX-512 CPU without BF16, which W4K_W4A16_DPBF16=0 selects, runs the decode path with
 # vdpbf16ps emulated); fp16 at 5..8 rows with W4K_W4A16_PAIR_ROWS=4 (the "lut" cases) takes the
 # AVX-512 lookup tables, and the other paths their order (lut_order_chunk: 16 lane sums per
-# column); above the decode path's rows every blocked path adds each output's products in one fp32 chain in the same order (bf16:
-# k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's two products). So the portable C++,
+# column); above the decode path's rows every blocked path adds each output's products in one
+# fp32 chain in the same order (bf16: k = 1, 0, 3, 2, ..., the order vdpbf16ps adds a k-pair's
+# two products). So the portable C++,
 # the AVX2 path, the AVX-512 fp32 path and the vdpbf16ps path give the same bits on random
 # inputs (no subnormal products here: vdpbf16ps flushes those, fma keeps them). Shapes: K =
 # 11008 (11 slices; k-blocks of 64 and 256 rows) and 1040 (65 k-tiles: 2 slices), N = 192,

@@ -98,7 +98,8 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
 
 // Rows of a up to which the AVX-512 lookup-table path is used (see lut_chunk_avx512): fp16
 // activations above the decode path's rows (so by default never: the decode path now takes
-// fp16 to 8 rows; with W4K_W4A16_PAIR_ROWS=4 fp16 5..8 runs here), never bf16 (with vdpbf16ps the blocked path's table decode is 1.6-2x faster at
+// fp16 to 8 rows; with W4K_W4A16_PAIR_ROWS=4 fp16 5..8 runs here), never bf16 (with
+// vdpbf16ps the blocked path's table decode is 1.6-2x faster at
 // M = 4 and 6, 2 threads, 2026-11-24; without, bf16 takes the decode path with vdpbf16ps
 // emulated up to 8 rows and the blocked path above, whose orders every ISA shares);
 // W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
@@ -394,7 +395,8 @@ W4K_W4A16_AVX2 inline void decode_lanes_avx2(const float* a, int64_t lda, const 
   const int nl = fp16 ? 8 : 4;
   for (int v0 = 0; v0 < 8; v0 += V)
     for (int l = 0; l < nl; ++l) {
-      // the lane's rows per tile, in order: bf16 2t + 1, 2t, 2t + 9, 2t + 8; fp16 2t + r, 2t + 8 + r
+      // the lane's rows per tile, in order: bf16 2t + 1, 2t, 2t + 9, 2t + 8;
+      // fp16 2t + r, 2t + 8 + r
       int krow[4];
       int nk;
       if (fp16) {
