@@ -221,8 +221,7 @@ W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const
   }
 }
 
-// Epilogue of one row's 4 accumulators (64 panel columns) into the fp32 sums c.
-// Epilogue of panel zmm g (16 columns) of one row.
+// Epilogue of panel zmm g (16 columns) of one row into the fp32 sums c.
 W4K_A8_TARGET inline void epilogue_one_a8(__m512i dots, int g, float sa, int32_t sumqa,
                                           const float* sw, const int32_t* z, float* c) {
   const __m512i isum = _mm512_sub_epi32(
@@ -232,6 +231,7 @@ W4K_A8_TARGET inline void epilogue_one_a8(__m512i dots, int g, float sa, int32_t
                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
 }
 
+// Epilogue of one row's 4 accumulators (64 panel columns) into the fp32 sums c.
 W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __m512i i3,
                                           float sa, int32_t sumqa, const float* sw,
                                           const int32_t* z, float* c) {
