@@ -25,11 +25,23 @@ U_F32 = 2.0 ** -24
 
 
 def make_case(m, size_k, size_n, group_size, dtype, act_order=None, zp=False, bias=False,
-              seed=0):
+              seed=0, cancel=False):
     """Random Marlin-format operands. act_order: None, "k_full" or "shard" (a row-parallel
-    shard: b_scales holds the groups of a layer twice as long, g_idx indexes them directly)."""
+    shard: b_scales holds the groups of a layer twice as long, g_idx indexes them directly).
+
+    cancel: an input on which the fp32 summation order shows in the rounded output, for the
+    tests that two paths add the same products in the same order (on plain random inputs a
+    different order changes the fp32 sums by an ulp or so, which the rounding to fp16 / bf16
+    hides almost always). In every k-tile, row 12 repeats row 3 of the weight (the same group)
+    and the activations there are +L and -L, L large: the two products cancel exactly, but each
+    fp32 sum they pass through loses its low bits to L * w, and which bits depends on where in
+    the order they come. Not for act-order (the rows must share a group) nor for a reference
+    check (the output is mostly rounding error)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (size_k, size_n), dtype=torch.int32, generator=gen)
+    if cancel:
+        assert act_order is None and size_k % 16 == 0
+        q.view(size_k // 16, 16, size_n)[:, 12] = q.view(size_k // 16, 16, size_n)[:, 3]
     g_idx = perm = None
     if act_order == "shard":
         num_groups = max(2, 2 * size_k // (group_size if group_size > 0 else size_k))
@@ -54,12 +66,17 @@ def make_case(m, size_k, size_n, group_size, dtype, act_order=None, zp=False, bi
     groups = g_idx.long() if g_idx is not None else torch.arange(size_k) // (size_k // num_groups)
     w_exact = (q - (z[groups] if zp else 8)).double() * s.double()[groups]
     w = w_exact.to(dtype)
+    a = torch.randn(m, size_k, generator=gen).to(dtype)
+    if cancel:
+        big = 60000.0 if dtype == torch.float16 else 2.0 ** 24
+        a.view(m, size_k // 16, 16)[:, :, 3] = big
+        a.view(m, size_k // 16, 16)[:, :, 12] = -big
     return dict(
         _w=w,  # the weight dequantized (rounded to dtype) from the unpacked operands
         _w_ref=w_exact if num_groups == 1 else w.double(),  # the one the reference multiplies
         _qz=q - (z[groups] if zp else 8),  # integer weight q - z, Marlin row order
         _s=s,  # unpermuted scales [G, N]
-        a=torch.randn(m, size_k, generator=gen).to(dtype),
+        a=a,
         b_q_weight=reference.marlin_pack(q),
         b_scales=b_scales,
         b_zeros=b_zeros,

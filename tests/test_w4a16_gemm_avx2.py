@@ -44,7 +44,8 @@ CONFIGS = {
     "shard": ((64, 16), "shard", True, True),
 }
 # (K, M): K = 11008 (a Llama MLP) at decode-like M, K = 1040 up to M = 300 (50 x 6-row tiles).
-K_M = [(11008, 1), (11008, 4), (11008, 16), (11008, 37), (1040, 1), (1040, 37), (1040, 300)]
+K_M = [(11008, 1), (11008, 4), (11008, 16), (11008, 37), (1040, 1), (1040, 2), (1040, 3),
+       (1040, 37), (1040, 300)]
 MAX_M = {k: max(m for kk, m in K_M if kk == k) for k, _ in K_M}
 
 
@@ -71,6 +72,41 @@ def test_avx2_same_bits_as_portable(monkeypatch, config, size_k, m, dtype):
     assert golden.same_bits(avx2_two, portable), "AVX2 and portable paths differ"
     if m in (1, MAX_M[size_k]):  # the other M have the same bits as the portable path, which
         check_against_reference(b, case)  # test_w4a16_gemm*.py check; here: avx2, 1 thread
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_avx2_lookup_decode_same_bits_as_per_weight_decode(monkeypatch, config, m, dtype):
+    """At M <= 4 the AVX2 path decodes the weight by table lookups (w4a16_gemm_lookup_avx2.h);
+    W4K_W4A16_AVX2_LOOKUP=0 runs the per-weight decode instead (the one M > 4 and act-order
+    tiles that span groups still use). Both must give the portable path's bits."""
+    b = backend_or_skip("cpu", OP)
+    base = _base_case(config, 1040, dtype)
+    case = dict(base, a=base["a"][:m].contiguous(), size_m=m)
+    lookup = _run(monkeypatch, b, case, "avx2", 2)
+    monkeypatch.setenv("W4K_W4A16_AVX2_LOOKUP", "0")
+    per_weight = _run(monkeypatch, b, case, "avx2", 1)
+    assert golden.same_bits(lookup, per_weight), "lookup and per-weight decodes differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8])
+@pytest.mark.parametrize("config", ["chan", "g32_zp", "g128"])
+def test_avx2_summation_order_on_cancelling_input(monkeypatch, config, m, dtype):
+    """The same on an input where the fp32 summation order shows in the output (make_case's
+    `cancel`): the lookup decode (M <= 4), the per-weight decode and the portable path add
+    every output's products in the same order. (Random inputs alone would hide an order
+    change: it moves the fp32 sums by about an ulp, below the rounding to fp16 / bf16.)"""
+    b = backend_or_skip("cpu", OP)
+    (_, group), _, zp, bias = CONFIGS[config]  # the group size for K = 1040
+    case = make_case(m, 1040, 192, group, dtype, None, zp, bias, seed=5 + m, cancel=True)
+    portable = _run(monkeypatch, b, case, "scalar", 1)
+    avx2 = _run(monkeypatch, b, case, "avx2", 2)
+    monkeypatch.setenv("W4K_W4A16_AVX2_LOOKUP", "0")
+    per_weight = _run(monkeypatch, b, case, "avx2", 1)
+    assert golden.same_bits(avx2, portable), "AVX2 and portable paths differ"
+    assert golden.same_bits(per_weight, portable), "AVX2 per-weight decode and portable differ"
 
 
 def _edge_scales(case, values):

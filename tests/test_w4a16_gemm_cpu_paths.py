@@ -300,3 +300,33 @@ def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m, lut):
     for name in paths[1:]:
         assert golden.same_bits(outs[name], outs[first]), f"{name} and {first} differ"
     check_against_reference(b, case)
+
+
+# The same on inputs where the fp32 summation order shows in the output (make_case's `cancel`:
+# on plain random inputs an order change moves the fp32 sums by about an ulp, which the
+# rounding to fp16 / bf16 hides almost always). K = 1040, every path this CPU has.
+CANCEL_CASES = [(d, m) for d in (torch.float16, torch.bfloat16) for m in (1, 3, 4, 5, 8, 9, 37)]
+
+
+@pytest.mark.parametrize("dtype,m", CANCEL_CASES,
+                         ids=[f"{str(d)[6:]}-M{m}" for d, m in CANCEL_CASES])
+@pytest.mark.parametrize("config", ["g16_zp", "g80", "chan_zp_bias"])
+def test_paths_same_bits_every_isa_cancelling_input(monkeypatch, config, dtype, m):
+    b = backend_or_skip("cpu", OP)
+    group, zp, bias = {"g16_zp": (16, True, False), "g80": (80, False, False),
+                       "chan_zp_bias": (-1, True, True)}[config]
+    case = make_case(m, 1040, 192, group, dtype, None, zp, bias, seed=m, cancel=True)
+    flags = cpu_flags()
+    paths = [name for name, need in ISA_NEEDS.items() if need <= flags and
+             not (dtype == torch.float16 and name == "avx512-dpbf16")]
+    if len(paths) < 2:
+        pytest.skip(f"this CPU runs fewer than two of the paths ({paths})")
+    outs = {}
+    for name in paths:
+        with monkeypatch.context() as mp:
+            mp.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "1000000")  # the kernel, not the dense route
+            for key, value in ISA_ENVS[name].items():
+                mp.setenv(key, value)
+            outs[name] = call(b, case)
+    for name in paths[1:]:
+        assert golden.same_bits(outs[name], outs[paths[0]]), f"{name} and {paths[0]} differ"

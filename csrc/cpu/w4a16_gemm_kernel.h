@@ -33,6 +33,7 @@
 #include "cpu/w4a16_gemm_avx512.h"
 #include "cpu/w4a16_gemm_convert.h"
 #include "cpu/w4a16_gemm_decode_avx512.h"
+#include "cpu/w4a16_gemm_lookup_avx2.h"
 #include "cpu/w4a16_gemm_layout.h"
 
 namespace w4k::cpu {
@@ -241,6 +242,18 @@ inline void decode_lanes_generic(const float* a, int64_t lda, const float* wtile
     }
 }
 
+// A k-tile whose rows span groups (act-order): its products added to extra[rows][64] in k order
+// (a: row 0's activations of the tile, rows lda apart; wtile[16][64] decoded, wbuf order).
+inline void add_tile_in_k_order(const float* a, int64_t lda, int64_t rows, const float* wtile,
+                                float* extra) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* ai = a + i * lda;
+    float* e = extra + i * 64;
+    for (int k = 0; k < 16; ++k)
+      for (int x = 0; x < 64; ++x) e[x] += ai[k] * wtile[64 * k + x];
+  }
+}
+
 // Rows [m0, m0 + rows) of chunk ch in the decode path's order (above). decode_tile(words, srow,
 // zrow, wtile) decodes one k-tile into wtile[16][64] (wbuf column order) as
 // dequant_tile_generic does; sc / zf / chan_scale: decode_chunk_groups of the chunk. Tiles are
@@ -273,13 +286,8 @@ __attribute__((always_inline)) inline void decode_order_chunk(
         tile_row_groups(p, kt, sc, zf, srow, zrow);
         decode_tile(p.b_q_weight + kt * 2 * p.size_n + 128 * ch, srow, zf ? zrow : nullptr,
                     wtiles + q * 1024);
-        if (tile_group[kt] >= 0) continue;
-        for (int64_t i = 0; i < rows; ++i) {  // a tile whose rows span groups: k order
-          const float* a = p.a + (m0 + i) * p.lda + 16 * kt;
-          float* e = extra + i * 64;
-          for (int k = 0; k < 16; ++k)
-            for (int x = 0; x < 64; ++x) e[x] += a[k] * wtiles[q * 1024 + 64 * k + x];
-        }
+        if (tile_group[kt] < 0)
+          add_tile_in_k_order(p.a + m0 * p.lda + 16 * kt, p.lda, rows, wtiles + q * 1024, extra);
       }
       add_lanes(p.a + m0 * p.lda + 16 * kt0, p.lda, wtiles, nt, tile_group + kt0, lanes, rows,
                 fp16);
@@ -498,6 +506,101 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
   };
   lut_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, add_lanes, scratch);
 }
+
+// decode_order_chunk's order at M <= kDecodeSplitMaxRows (MR rows from m0) with the tiles
+// decoded by table lookups (w4a16_gemm_lookup_avx2.h): the same bits, 3-4x less work per
+// weight. A group's scales and zero points are decoded and its tables built when the first
+// k-tile of the group comes; k-tiles whose rows span groups (act-order) take the per-weight
+// decode into `extra`, as in decode_order_chunk. W4K_W4A16_AVX2_LOOKUP=0 turns it off (the
+// per-weight decode then runs: a test and benchmark knob).
+inline bool w4a16_avx2_lookup_enabled() {
+  const char* env = std::getenv("W4K_W4A16_AVX2_LOOKUP");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+template <int MR, bool kFp16>
+W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch,
+                                                   int64_t m0, const int32_t* tile_group,
+                                                   bool any_mixed_tile,
+                                                   std::vector<float>& scratch) {
+  constexpr int kLane = lookup_lane_floats(kFp16);
+  // Consecutive k-tiles of a chunk are 8 * size_n bytes apart, which the hardware prefetchers
+  // do not follow: each tile's 512 bytes are fetched kAhead tiles before their use.
+  constexpr int64_t kAhead = 8;
+  const int64_t num_tiles = p.size_k / 16, slice_tiles = decode_slice_tiles(p);
+  const bool has_zp = p.zeros != nullptr, per_channel = p.num_groups == 1;
+  const int64_t all_groups = any_mixed_tile ? p.num_groups * 64 : 0;
+  scratch.resize(MR * (kLane + 128) + 1024 + kLookupTableBytes / 4 + 2 * all_groups);
+  float* lanes = scratch.data();               // [MR][kLane]
+  float* extra = lanes + MR * kLane;           // [MR][64]
+  float* total = extra + MR * 64;              // [MR][64]
+  float* wtile = total + MR * 64;              // [16][64], a mixed tile decoded per weight
+  uint8_t* tbl = reinterpret_cast<uint8_t*>(wtile + 1024);
+  float* sc_all = wtile + 1024 + kLookupTableBytes / 4;  // mixed tiles: every group's scales
+  float* zf_all = sc_all + all_groups;
+  alignas(32) float s64[64], z64[64], chan_scale[64];
+  if (per_channel) decode_group_scales(p, ch, 0, s64, has_zp ? z64 : nullptr, chan_scale);
+  if (any_mixed_tile)
+    decode_chunk_groups(p, ch, sc_all, has_zp ? zf_all : nullptr, per_channel ? chan_scale : nullptr);
+  int64_t table_group = -1;
+  const float* srow[16];
+  const float* zrow[16];
+  for (int64_t s0 = 0; s0 < num_tiles; s0 += slice_tiles) {
+    const int64_t s1 = std::min(num_tiles, s0 + slice_tiles);
+    std::fill(lanes, lanes + MR * (kLane + 64), 0.0f);  // lanes and extra
+    for (int64_t kt = s0; kt < s1; ++kt) {
+      const int32_t* words = p.b_q_weight + kt * 2 * p.size_n + 128 * ch;
+      if (kt + kAhead < num_tiles)
+        for (int l = 0; l < 8; ++l)
+          __builtin_prefetch(words + kAhead * 2 * p.size_n + 16 * l, 0, 3);
+      const float* a = p.a + m0 * p.lda + 16 * kt;
+      const int32_t g = tile_group[kt];
+      if (g < 0) {
+        tile_row_groups(p, kt, sc_all, zf_all, srow, zrow);
+        dequant_tile_avx2_any(words, srow, has_zp ? zrow : nullptr, kFp16, per_channel, wtile);
+        add_tile_in_k_order(a, p.lda, MR, wtile, extra);
+        continue;
+      }
+      if (g != table_group) {
+        if (!per_channel && g + 1 < p.num_groups) {  // the next group's (a miss each, else)
+          const uint16_t* s_next = p.scales + (g + 1) * p.size_n + 64 * ch;
+          __builtin_prefetch(s_next, 0, 3);
+          __builtin_prefetch(s_next + 32, 0, 3);
+          if (has_zp) __builtin_prefetch(p.zeros + (g + 1) * (p.size_n / 8) + 8 * ch, 0, 3);
+        }
+        if (!per_channel) decode_group_scales(p, ch, g, s64, has_zp ? z64 : nullptr, nullptr);
+        build_lookup_tables_avx2<kFp16>(s64, has_zp ? z64 : nullptr, tbl);
+        table_group = g;
+      }
+      lookup_tile_avx2<MR, kFp16>(words, tbl, a, p.lda, lanes);
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int x = 0; x < 64; ++x) {
+        const float slice_sum = lookup_column_sum(lanes + i * kLane, x, kFp16) + extra[i * 64 + x];
+        total[i * 64 + x] = s0 == 0 ? slice_sum : total[i * 64 + x] + slice_sum;
+      }
+  }
+  write_chunk_rows(p, ch, m0, MR, per_channel ? chan_scale : nullptr, total);
+}
+
+// lookup_order_chunk_avx2 for `rows` (1 .. kDecodeSplitMaxRows) rows.
+W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch,
+                                                   int64_t m0, int64_t rows,
+                                                   const int32_t* tile_group, bool any_mixed_tile,
+                                                   std::vector<float>& scratch) {
+  static_assert(kDecodeSplitMaxRows == 4, "one case per row count");
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+#define W4K_LOOKUP_CASE(n)                                                                     \
+  case n:                                                                                      \
+    if (fp16) lookup_order_chunk_avx2<n, true>(p, ch, m0, tile_group, any_mixed_tile, scratch); \
+    else lookup_order_chunk_avx2<n, false>(p, ch, m0, tile_group, any_mixed_tile, scratch);     \
+    break;
+  switch (rows) {
+    W4K_LOOKUP_CASE(1) W4K_LOOKUP_CASE(2) W4K_LOOKUP_CASE(3) W4K_LOOKUP_CASE(4)
+    default: break;
+  }
+#undef W4K_LOOKUP_CASE
+}
 #endif
 
 // Which path w4a16_gemm_cpu_chunks takes for a work item of `rows` rows of a (the binding asks
@@ -617,6 +720,16 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
   if (decode_order || lut_order) {
     std::vector<float> order_scratch;
+#ifdef W4K_HAVE_AVX2_W4A16_PATH
+    if (avx2 && decode_order && rows <= kDecodeSplitMaxRows && w4a16_avx2_lookup_enabled()) {
+      const bool any_mixed_tile =
+          std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
+      for (int64_t ch = chunk_begin; ch < chunk_end; ++ch)
+        lookup_order_chunk_avx2(p, ch, m0, rows, tile_group.data(), any_mixed_tile,
+                                order_scratch);
+      return 0;
+    }
+#endif
     auto decode = [&](const int32_t* words, const float* const* srow, const float* const* zrow,
                       float* wtile) {
       dequant_tile_generic(words, srow, zrow, p.weight_type, wtile);

@@ -113,28 +113,32 @@ inline float half_bits_to_float(uint16_t h, HalfType type) {
 // chunk) and per 32 columns when G == 1. Per-channel (G == 1, chan_scale != nullptr) the scales
 // go to chan_scale[n] (chunk column order) for the epilogue and sc is all ones, so every path
 // dequantizes to the exact q - z without a per-channel variant of its own.
-inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
-                                float* chan_scale) {
+// decode_group_scales: one group g into sc64 / zf64; decode_chunk_groups: all, into sc[g][x].
+inline void decode_group_scales(const W4a16GemmProblem& p, int64_t ch, int64_t g, float* sc64,
+                                float* zf64, float* chan_scale) {
   const MarlinChunkTables& tb = chunk_tables();
-  for (int64_t g = 0; g < p.num_groups; ++g) {
-    const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
-    for (int x = 0; x < 64; ++x) {
-      int n = tb.colperm[x];
-      int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
-      const float s = half_bits_to_float(s_row[src], p.weight_type);
-      if (chan_scale) {
-        chan_scale[n] = s;
-        sc[g * 64 + x] = 1.0f;
-      } else {
-        sc[g * 64 + x] = s;
-      }
-      if (zf) {
-        const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
-        uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
-        zf[g * 64 + x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
-      }
+  const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+  for (int x = 0; x < 64; ++x) {
+    int n = tb.colperm[x];
+    int src = p.num_groups > 1 ? tb.scale_src64[n] : 32 * (n / 32) + tb.scale_src32[n % 32];
+    const float s = half_bits_to_float(s_row[src], p.weight_type);
+    if (chan_scale) {
+      chan_scale[n] = s;
+      sc64[x] = 1.0f;
+    } else {
+      sc64[x] = s;
+    }
+    if (zf64) {
+      const int32_t* z_words = p.zeros + g * (p.size_n / 8) + 8 * ch;
+      uint32_t word = static_cast<uint32_t>(z_words[tb.zp_word[n]]);
+      zf64[x] = static_cast<float>((word >> tb.zp_shift[n]) & 0xf);
     }
   }
+}
+inline void decode_chunk_groups(const W4a16GemmProblem& p, int64_t ch, float* sc, float* zf,
+                                float* chan_scale) {
+  for (int64_t g = 0; g < p.num_groups; ++g)
+    decode_group_scales(p, ch, g, sc + g * 64, zf ? zf + g * 64 : nullptr, chan_scale);
 }
 
 // The sum of the lookup-table path's 16 lane sums of one column (lut_chunk_avx512; the portable
