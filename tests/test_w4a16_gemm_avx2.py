@@ -75,12 +75,12 @@ def test_avx2_same_bits_as_portable(monkeypatch, config, size_k, m, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_avx2_lookup_decode_same_bits_as_per_weight_decode(monkeypatch, config, m, dtype):
-    """At M <= 4 the AVX2 path decodes the weight by table lookups (w4a16_gemm_lookup_avx2.h);
-    W4K_W4A16_AVX2_LOOKUP=0 runs the per-weight decode instead (the one M > 4 and act-order
-    tiles that span groups still use). Both must give the portable path's bits."""
+    """At M <= 8 (the decode path's rows) the AVX2 path decodes the weight by table lookups
+    (w4a16_gemm_lookup_avx2.h); W4K_W4A16_AVX2_LOOKUP=0 runs the per-weight decode instead (the
+    one act-order tiles that span groups still use). Both must give the portable path's bits."""
     b = backend_or_skip("cpu", OP)
     base = _base_case(config, 1040, dtype)
     case = dict(base, a=base["a"][:m].contiguous(), size_m=m)
@@ -95,7 +95,7 @@ def test_avx2_lookup_decode_same_bits_as_per_weight_decode(monkeypatch, config, 
 @pytest.mark.parametrize("config", ["chan", "g32_zp", "g128"])
 def test_avx2_summation_order_on_cancelling_input(monkeypatch, config, m, dtype):
     """The same on an input where the fp32 summation order shows in the output (make_case's
-    `cancel`): the lookup decode (M <= 4), the per-weight decode and the portable path add
+    `cancel`): the lookup decode (M <= 8), the per-weight decode and the portable path add
     every output's products in the same order. (Random inputs alone would hide an order
     change: it moves the fp32 sums by about an ulp, below the rounding to fp16 / bf16.)"""
     b = backend_or_skip("cpu", OP)

@@ -507,9 +507,9 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
   lut_order_chunk(p, ch, m0, rows, tile_group, sc, zf, chan_scale, decode, add_lanes, scratch);
 }
 
-// decode_order_chunk's order at M <= kDecodeSplitMaxRows (MR rows from m0) with the tiles
-// decoded by table lookups (w4a16_gemm_lookup_avx2.h): the same bits, 3-4x less work per
-// weight. A group's scales and zero points are decoded and its tables built when the first
+// decode_order_chunk's order (MR <= kDecodePathMaxRows rows from m0) with the tiles decoded by
+// table lookups (w4a16_gemm_lookup_avx2.h): the same bits, 1.5-2.3x faster (one thread, M = 1
+// .. 8). A group's scales and zero points are decoded and its tables built when the first
 // k-tile of the group comes; k-tiles whose rows span groups (act-order) take the per-weight
 // decode into `extra`, as in decode_order_chunk. W4K_W4A16_AVX2_LOOKUP=0 turns it off (the
 // per-weight decode then runs: a test and benchmark knob).
@@ -568,7 +568,10 @@ W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, in
           __builtin_prefetch(s_next + 32, 0, 3);
           if (has_zp) __builtin_prefetch(p.zeros + (g + 1) * (p.size_n / 8) + 8 * ch, 0, 3);
         }
-        if (!per_channel) decode_group_scales(p, ch, g, s64, has_zp ? z64 : nullptr, nullptr);
+        if (!per_channel)
+          gather_group_scales_avx2(p.scales + g * p.size_n + 64 * ch,
+                                   has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+                                   kFp16, s64, z64);
         build_lookup_tables_avx2<kFp16>(s64, has_zp ? z64 : nullptr, tbl);
         table_group = g;
       }
@@ -583,12 +586,12 @@ W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, in
   write_chunk_rows(p, ch, m0, MR, per_channel ? chan_scale : nullptr, total);
 }
 
-// lookup_order_chunk_avx2 for `rows` (1 .. kDecodeSplitMaxRows) rows.
+// lookup_order_chunk_avx2 for `rows` (1 .. kDecodePathMaxRows) rows.
 W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, int64_t ch,
                                                    int64_t m0, int64_t rows,
                                                    const int32_t* tile_group, bool any_mixed_tile,
                                                    std::vector<float>& scratch) {
-  static_assert(kDecodeSplitMaxRows == 4, "one case per row count");
+  static_assert(kDecodePathMaxRows == 8, "one case per row count");
   const bool fp16 = p.weight_type == HalfType::kFloat16;
 #define W4K_LOOKUP_CASE(n)                                                                     \
   case n:                                                                                      \
@@ -597,6 +600,7 @@ W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, in
     break;
   switch (rows) {
     W4K_LOOKUP_CASE(1) W4K_LOOKUP_CASE(2) W4K_LOOKUP_CASE(3) W4K_LOOKUP_CASE(4)
+    W4K_LOOKUP_CASE(5) W4K_LOOKUP_CASE(6) W4K_LOOKUP_CASE(7) W4K_LOOKUP_CASE(8)
     default: break;
   }
 #undef W4K_LOOKUP_CASE
@@ -721,7 +725,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   if (decode_order || lut_order) {
     std::vector<float> order_scratch;
 #ifdef W4K_HAVE_AVX2_W4A16_PATH
-    if (avx2 && decode_order && rows <= kDecodeSplitMaxRows && w4a16_avx2_lookup_enabled()) {
+    if (avx2 && decode_order && rows <= kDecodePathMaxRows && w4a16_avx2_lookup_enabled()) {
       const bool any_mixed_tile =
           std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
       for (int64_t ch = chunk_begin; ch < chunk_end; ++ch)

@@ -1,5 +1,5 @@
-// AVX2 decode of the Marlin weight by table lookups, for the CPU w4a16_gemm at M <= 4 (the
-// decode path's summation order, w4a16_gemm_kernel.h): the AVX2 counterpart of the AVX-512
+// AVX2 decode of the Marlin weight by table lookups, for the CPU w4a16_gemm at M <= 8 (the
+// decode path's rows and summation order, w4a16_gemm_kernel.h): the AVX2 counterpart of the AVX-512
 // decode path, with the same bits as the portable code.
 //
 // Why: the per-weight AVX2 decode (dequant_tile_avx2: shift, mask, convert, subtract, multiply,
@@ -40,6 +40,50 @@ constexpr int kLookupTableBytes = 8 * 2 * 2 * 64;
 constexpr int lookup_slot(int c, int t, int e1) { return (c * 2 + t) * 2 + e1; }
 // Lane sums per row of a: bf16 4 per column, fp16 8.
 constexpr int lookup_lane_floats(bool fp16) { return fp16 ? 512 : 256; }
+
+// Where the scale and zero point of wbuf column x sit in a group's Marlin-permuted row of the
+// chunk (G > 1: decode_group_scales' indices, precomputed per x).
+struct LookupScaleIndex {
+  alignas(32) int16_t scale_at[64];  // position of x's scale in the chunk's 64 scales
+  alignas(32) int32_t zero_word[64];  // word (0..7) of the chunk's zero-point words ...
+  alignas(32) int32_t zero_shift[64];  // ... and the bit offset of x's nibble
+  LookupScaleIndex() {
+    const MarlinChunkTables& tb = chunk_tables();
+    for (int x = 0; x < 64; ++x) {
+      const int n = tb.colperm[x];
+      scale_at[x] = tb.scale_src64[n];
+      zero_word[x] = tb.zp_word[n];
+      zero_shift[x] = tb.zp_shift[n];
+    }
+  }
+};
+
+// decode_group_scales for G > 1 (no per-channel epilogue), vectorized: s64[x] and (z_words
+// not nullptr) z64[x] of wbuf column x, from the group's 64 scale bits s_row (fp16 or bf16)
+// and its 8 zero-point words.
+W4K_W4A16_AVX2 inline void gather_group_scales_avx2(const uint16_t* s_row,
+                                                    const int32_t* z_words, bool fp16,
+                                                    float* s64, float* z64) {
+  static const LookupScaleIndex ix;
+  alignas(16) uint16_t bits[64];
+  for (int x = 0; x < 64; ++x) bits[x] = s_row[ix.scale_at[x]];
+  const __m256i zw = z_words ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(z_words))
+                             : _mm256_setzero_si256();
+  for (int x = 0; x < 64; x += 8) {
+    const __m128i h = _mm_load_si128(reinterpret_cast<const __m128i*>(bits + x));
+    _mm256_storeu_ps(s64 + x, fp16 ? _mm256_cvtph_ps(h)
+                                   : _mm256_castsi256_ps(
+                                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    if (z_words) {
+      const __m256i w = _mm256_permutevar8x32_epi32(
+          zw, _mm256_load_si256(reinterpret_cast<const __m256i*>(ix.zero_word + x)));
+      const __m256i z = _mm256_and_si256(
+          _mm256_srlv_epi32(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(ix.zero_shift + x))),
+          _mm256_set1_epi32(15));
+      _mm256_storeu_ps(z64 + x, _mm256_cvtepi32_ps(z));
+    }
+  }
+}
 
 // round_to_bf16's RNE on the bits, as dequant_tile_avx2 (a NaN kept), in the low 16 bits.
 W4K_W4A16_AVX2 inline __m256i bf16_bits_avx2(__m256 w) {
