@@ -280,13 +280,20 @@ def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m, lut):
                             "chan_zp_bias": (-1, None, True, True),
                             "act_zp": (large, "k_full", True, True)}[config]
     case = make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k)
+    _assert_every_path_same_bits(monkeypatch, b, case, dtype, lut)
+    check_against_reference(b, case)
+
+
+def _assert_every_path_same_bits(monkeypatch, b, case, dtype, lut=False):
+    """Runs the case on every path of ISA_ENVS this CPU has (fp16: not avx512-dpbf16, which is
+    avx512-fp32 for it) and asserts they all give the same bits; skips below two paths."""
     flags = cpu_flags()
     excluded = set()
     if dtype == torch.float16:
         excluded.add("avx512-dpbf16")  # no vdpbf16ps for fp16: the same path as avx512-fp32
     paths = [name for name, need in ISA_NEEDS.items() if need <= flags and name not in excluded]
     if len(paths) < 2:
-        pytest.skip(f"this CPU runs fewer than two of the blocked paths ({paths})")
+        pytest.skip(f"this CPU runs fewer than two of the paths ({paths})")
     outs = {}
     for name in paths:
         with monkeypatch.context() as mp:
@@ -299,7 +306,6 @@ def test_paths_same_bits_every_isa(monkeypatch, config, size_k, dtype, m, lut):
     first = paths[0]
     for name in paths[1:]:
         assert golden.same_bits(outs[name], outs[first]), f"{name} and {first} differ"
-    check_against_reference(b, case)
 
 
 # The same on inputs where the fp32 summation order shows in the output (make_case's `cancel`:
@@ -316,17 +322,4 @@ def test_paths_same_bits_every_isa_cancelling_input(monkeypatch, config, dtype, 
     group, zp, bias = {"g16_zp": (16, True, False), "g80": (80, False, False),
                        "chan_zp_bias": (-1, True, True)}[config]
     case = make_case(m, 1040, 192, group, dtype, None, zp, bias, seed=m, cancel=True)
-    flags = cpu_flags()
-    paths = [name for name, need in ISA_NEEDS.items() if need <= flags and
-             not (dtype == torch.float16 and name == "avx512-dpbf16")]
-    if len(paths) < 2:
-        pytest.skip(f"this CPU runs fewer than two of the paths ({paths})")
-    outs = {}
-    for name in paths:
-        with monkeypatch.context() as mp:
-            mp.setenv("W4K_W4A16_DEQUANT_THRESHOLD", "1000000")  # the kernel, not the dense route
-            for key, value in ISA_ENVS[name].items():
-                mp.setenv(key, value)
-            outs[name] = call(b, case)
-    for name in paths[1:]:
-        assert golden.same_bits(outs[name], outs[paths[0]]), f"{name} and {paths[0]} differ"
+    _assert_every_path_same_bits(monkeypatch, b, case, dtype)

@@ -541,7 +541,8 @@ W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, in
   alignas(32) float s64[64], z64[64], chan_scale[64];
   if (per_channel) decode_group_scales(p, ch, 0, s64, has_zp ? z64 : nullptr, chan_scale);
   if (any_mixed_tile)
-    decode_chunk_groups(p, ch, sc_all, has_zp ? zf_all : nullptr, per_channel ? chan_scale : nullptr);
+    decode_chunk_groups(p, ch, sc_all, has_zp ? zf_all : nullptr,
+                        per_channel ? chan_scale : nullptr);
   int64_t table_group = -1;
   const float* srow[16];
   const float* zrow[16];

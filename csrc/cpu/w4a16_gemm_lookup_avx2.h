@@ -77,9 +77,9 @@ W4K_W4A16_AVX2 inline void gather_group_scales_avx2(const uint16_t* s_row,
     if (z_words) {
       const __m256i w = _mm256_permutevar8x32_epi32(
           zw, _mm256_load_si256(reinterpret_cast<const __m256i*>(ix.zero_word + x)));
-      const __m256i z = _mm256_and_si256(
-          _mm256_srlv_epi32(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(ix.zero_shift + x))),
-          _mm256_set1_epi32(15));
+      const __m256i shift =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(ix.zero_shift + x));
+      const __m256i z = _mm256_and_si256(_mm256_srlv_epi32(w, shift), _mm256_set1_epi32(15));
       _mm256_storeu_ps(z64 + x, _mm256_cvtepi32_ps(z));
     }
   }
