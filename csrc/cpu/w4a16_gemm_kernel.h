@@ -508,8 +508,8 @@ W4K_W4A16_AVX2 inline void order_chunk_avx2(const W4a16GemmProblem& p, int64_t c
 }
 
 // decode_order_chunk's order (MR <= kDecodePathMaxRows rows from m0) with the tiles decoded by
-// table lookups (w4a16_gemm_lookup_avx2.h): the same bits, 1.5-2.3x faster (one thread, M = 1
-// .. 8). A group's scales and zero points are decoded and its tables built when the first
+// table lookups (w4a16_gemm_lookup_avx2.h): the same bits, 1.5-3x faster (M = 1 .. 8; README
+// "AVX2 path of w4a16_gemm"). A group's scales and zero points are decoded and its tables built when the first
 // k-tile of the group comes; k-tiles whose rows span groups (act-order) take the per-weight
 // decode into `extra`, as in decode_order_chunk. W4K_W4A16_AVX2_LOOKUP=0 turns it off (the
 // per-weight decode then runs: a test and benchmark knob).
