@@ -38,6 +38,12 @@ namespace w4k::cpu {
 // x(c, T, e1) and x(c, T + 2, e1) (16 bytes each), then their high-byte tables.
 constexpr int kLookupTableBytes = 8 * 2 * 2 * 64;
 constexpr int lookup_slot(int c, int t, int e1) { return (c * 2 + t) * 2 + e1; }
+// Where wbuf column x = x(c, j, e1) sits: its slot (c, j & 1, e1) and the slot's 128-bit lane
+// j >> 1 (tables and lane sums alike).
+constexpr int lookup_slot_of(int x) {
+  return lookup_slot(4 * (x >> 5) + ((x >> 2) & 3), x & 1, (x >> 4) & 1);
+}
+constexpr int lookup_lane_of(int x) { return (x >> 1) & 1; }
 // Lane sums per row of a: bf16 4 per column, fp16 8.
 constexpr int lookup_lane_floats(bool fp16) { return fp16 ? 512 : 256; }
 
@@ -105,8 +111,7 @@ W4K_W4A16_AVX2 inline void build_lookup_tables_avx2(const float* s64, const floa
                                          0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   const __m256i dword_pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int x = 0; x < 64; ++x) {
-    const int j = x & 3, c = 4 * (x >> 5) + ((x >> 2) & 3), e1 = (x >> 4) & 1;
-    uint8_t* dst = tbl + 64 * lookup_slot(c, j & 1, e1) + 16 * (j >> 1);
+    uint8_t* dst = tbl + 64 * lookup_slot_of(x) + 16 * lookup_lane_of(x);
     const __m256 s = _mm256_set1_ps(s64[x]);
     const __m256 z = _mm256_set1_ps(z64 ? z64[x] : 8.0f);
     const __m256 w_lo = _mm256_mul_ps(_mm256_sub_ps(q_lo, z), s);  // exact in fp32
@@ -211,8 +216,7 @@ W4K_W4A16_AVX2 inline void lookup_tile_avx2(const int32_t* words, const uint8_t*
 // The decode path's sum of one column's lane sums (w4a16_gemm_kernel.h): bf16 (L0 + L1) +
 // (L2 + L3); fp16 ((L0 + L1) + (L2 + L3)) + ((L4 + L5) + (L6 + L7)), lane 2t + r = (t, r).
 inline float lookup_column_sum(const float* lanes, int x, bool fp16) {
-  const int j = x & 3, c = 4 * (x >> 5) + ((x >> 2) & 3), e1 = (x >> 4) & 1;
-  const int slot = lookup_slot(c, j & 1, e1), lane = j >> 1;
+  const int slot = lookup_slot_of(x), lane = lookup_lane_of(x);
   if (fp16) {
     const float* l = lanes + 16 * slot + 8 * lane;
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
