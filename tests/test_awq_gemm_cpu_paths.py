@@ -88,6 +88,45 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
 
 
+def _cancelling(qw, s, x, group_size):
+    """Makes the fp32 summation order show in the output (as make_case's `cancel` does for
+    w4a16_gemm): in every 16-row tile whose rows 3 and 12 share a group, row 12 of the weight
+    repeats row 3 and x holds +L and -L there. The two products cancel exactly, but every fp32
+    sum they pass through loses low bits to L * w, and which bits depends on the order: the
+    tile path pairs rows (2, 3) and (12, 13), the lookup path puts them in different lanes.
+    On plain random inputs an order change moves a sum by about an ulp, which the rounding to
+    fp16 / bf16 hides almost always."""
+    qw, x = qw.clone(), x.clone()
+    fp16 = x.dtype == torch.float16
+    x = (x.float() * (2.0 ** -8 if fp16 else 1.0)).to(x.dtype)  # fp16: room below 65504 for L
+    big = 2.0 ** 15 if fp16 else 2.0 ** 24
+    for t in range(qw.shape[0] // 16):
+        r = 16 * t + 3
+        for r2 in (16 * t + 12, 16 * t + 7):  # row 7: groups of 8
+            if r // group_size == r2 // group_size:
+                qw[r2] = qw[r]
+                x[:, r], x[:, r2] = big, -big
+                break
+    return qw, x
+
+
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size,dtype", CASES)
+def test_awq_gemm_cpu_paths_same_bits_cancelling_input(monkeypatch, size_m, size_k, size_n,
+                                                      group_size, dtype):
+    """Every path and thread count adds the same products in the same fp32 order: the same
+    cases as above on inputs where a different order changes the rounded output."""
+    qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m + size_k)
+    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
+    qw, x = _cancelling(qw, s, x, group_size)
+    ref = x.double() @ reference.awq_dequantize(qw, s, qz).double()
+    out = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    # the input does what it is for: the fp32 rounding residue shows after the rounding to T
+    assert not golden.same_bits(out, ref.to(dtype))
+    for isa, threads in [("avx512", 1), ("avx2", 2), ("avx2", 1), ("scalar", 2)]:
+        assert golden.same_bits(_run(monkeypatch, isa, threads, x, qw, s, qz), out), \
+            f"{isa}, {threads} thread(s) differ from avx512, 2 threads"
+
+
 def test_awq_gemm_cpu_lookup_path_summation_order(monkeypatch):
     """Regression guard on the lookup path's fixed order: the same result whatever the column
     position within a line, a work item or the tail (columns are independent sums)."""

@@ -228,6 +228,75 @@ def test_awq_and_marlin_formats_agree():
                                           4, 5, 256, 512))
 
 
+# ---- summation order: every path adds the block terms in the same fp32 order ---------------------
+
+
+def _cancelling_blocks(m, k, n, group, dtype, seed):
+    """(q [K, N], z [G, N], s [G, N], x [M, K]) on which the int8 mode's fp32 order over blocks
+    shows in the output. The integer sums within a block are exact, so the order that can differ
+    between paths is that of the fp32 chain over blocks: block 3 repeats block 1 (codes, and the
+    scales and zero points of its group) with the activations negated, and both carry activations
+    2^20 times the others'. Their terms cancel exactly (the negated block quantizes to the negated
+    codes with the same scale), but every fp32 sum they pass through loses the low bits of the
+    small terms, and which bits depends on the order. On plain random inputs an order change
+    moves a sum by about an ulp, which the rounding to fp16 / bf16 hides almost always."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = 1 if group == -1 else k // group
+    gsize = k // groups
+    b = reference.a8_block_size(gsize)
+    assert k // b >= 4
+    q = torch.randint(0, 16, (k, n), dtype=torch.int32, generator=gen)
+    z = torch.randint(0, 16, (groups, n), dtype=torch.int32, generator=gen)
+    s = ((torch.rand(groups, n, generator=gen) + 0.05) * 0.02)
+    s[torch.rand(groups, n, generator=gen) < 0.25] *= -1
+    q[3 * b:4 * b] = q[b:2 * b]
+    s[3 * b // gsize], z[3 * b // gsize] = s[b // gsize], z[b // gsize]
+    x = torch.randn(m, k, generator=gen) * 2.0 ** -10
+    x[:, b:2 * b] *= 2.0 ** 20
+    x[:, 3 * b:4 * b] = -x[:, b:2 * b]
+    return q, z, s.to(dtype), x.to(dtype)
+
+
+# (M, K, N, group, zero points, dtype): M over the row paths (1, 2-4, 5-16, 17+)
+CANCEL_CASES = [(1, 1024, 128, 128, False, BF), (3, 512, 192, 64, True, FP),
+                (7, 1024, 128, -1, True, BF), (17, 512, 320, 128, False, FP),
+                (300, 512, 64, 128, True, BF), (2, 1024, 128, 256, False, FP),
+                (11, 512, 704, 32, True, BF)]
+
+
+def _all_paths(op, args):
+    """op(*args) by default (2 threads) and with 1 thread, W4K_CPU_ISA=avx2 and scalar (a path
+    this CPU lacks falls back to the next): all the same bits, returned once."""
+    bits = lambda t: t.view(torch.int16)  # noqa: E731  (signed zeros and NaN payloads count)
+    with threads(2):
+        out = op(*args)
+    for isa, n in [(None, 1), ("avx2", 2), ("avx2", 1), ("scalar", 2)]:
+        with cpu_isa(isa), threads(n):
+            assert torch.equal(bits(op(*args)), bits(out)), f"W4K_CPU_ISA={isa}, {n} thread(s)"
+    return out
+
+
+@pytest.mark.parametrize("case", CANCEL_CASES, ids=[str(c[:5]) for c in CANCEL_CASES])
+def test_paths_same_bits_cancelling_blocks(case):
+    m, k, n, g, zp, dt = case
+    q, z, s, x = _cancelling_blocks(m, k, n, g, dt, seed=m + k)
+    groups = s.shape[0]
+    marlin = [x, reference.marlin_pack(q), reference.marlin_permute_scales(s, k, n, g),
+              reference.marlin_zero_points(z, groups, n) if zp else None, None, None, 4, m, n, k,
+              True, None]
+    if not zp:
+        z = torch.full_like(z, 8)  # Marlin without zero points: q - 8
+    awq = [x, reference.awq_pack(q), s, reference.awq_pack(z)]
+    for op, args in [(ops.w4a8_gemm, marlin), (ops.awq_gemm_a8, awq)]:
+        if op is ops.awq_gemm_a8 and g == -1:
+            continue  # AutoAWQ tensors always have groups
+        out = _all_paths(op, args)
+        # the input does what it is for: the fp32 residue of the cancelled terms shows
+        ref = (reference.w4a8_gemm(*args) if op is ops.w4a8_gemm
+               else reference.awq_gemm_a8(*args))
+        assert not torch.equal(out, ref.to(dt))
+
+
 # ---- the bound under adversarial activations ----------------------------------------------------
 
 
