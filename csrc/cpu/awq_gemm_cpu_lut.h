@@ -85,11 +85,18 @@ void chunk_lut_scalar(const Problem& pb, int64_t n_begin, int64_t n_end, int64_t
 }
 
 // 16 x 16 transpose of dwords: r[i] holds row i on entry and column i on exit.
+// kPairUnits (bf16's lookup): the first stage interleaves 16-bit units instead of dwords, so
+// that on exit dword 2p + u of r[i] holds unit u of column i of rows 2p (low half) and 2p + 1
+// (high half): the later stages move dwords only, and a dword of rows (2p, 2p + 1) of unit u
+// takes the place the plain transpose gives row 2p + u.
+template <bool kPairUnits = false>
 W4K_AWQ_AVX512 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    t[i] = kPairUnits ? _mm512_unpacklo_epi16(r[i], r[i + 1])
+                      : _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = kPairUnits ? _mm512_unpackhi_epi16(r[i], r[i + 1])
+                          : _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
   for (int i = 0; i < 16; i += 4) {
     r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
@@ -222,8 +229,6 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xp
     (void)k0;
     // Pairs per pass: as many as keep 16 accumulators (one per pair).
     constexpr int kPairs = MR <= 4 ? 4 : 2;
-    const __m512i unit_pairs = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
     const __m512i low4 = _mm512_set1_epi16(15);
     // odd dwords (unit 1: the pair's second column) index entries 16..31
     const __m512i unit_bit = _mm512_setr_epi32(0, 0x100010, 0, 0x100010, 0, 0x100010, 0,
@@ -237,8 +242,7 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xp
       __m512i tb[kPairs];
       for (int j = 0; j < kPairs; ++j) tb[j] = _mm512_load_si512(tab + (4 * w + b0 + j) * 16);
       for (int64_t t = 0; t < tiles; ++t) {
-        const __m512i v =
-            _mm512_shuffle_epi8(_mm512_load_si512(tbuf + (t * 16 + w) * 16), unit_pairs);
+        const __m512i v = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
         __m512bh xv[MR];
         for (int m = 0; m < MR; ++m)
           xv[m] = reinterpret_cast<__m512bh>(
@@ -280,8 +284,9 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
                     tabs + l * 64 * 16);
     // Strips outer, lines inner: the strip's rows (64, one 4 KiB page each when N >= 8192)
     // stay in the TLB while all lines of the work item are read, so a page costs one TLB miss
-    // per work item, not one per line. The next strip is prefetched into L2 (into L1 it
-    // would evict the strip in use: 4 lines x 64 rows = 16 KiB of 32).
+    // per work item, not one per line. The next strip is prefetched into L2 while the words
+    // of a line are looked up (into L1 it would evict the strip in use: 4 lines x 64 rows =
+    // 16 KiB of 32).
     for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kLutStrip) {
       const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
       if constexpr (D == Dtype::kBFloat16) {
@@ -298,19 +303,24 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
         // One pointer stepped by a row (16 row addresses held at once made GCC spill them).
         const int32_t* row = pb.qweight + n0 / 8 + 16 * l + k0 * ldq;
-        const int64_t ahead = kLutStrip * ldq;  // the next strip's row, prefetched into L2
         for (int64_t t = 0; t < tiles; ++t) {
           __m512i r[16];
           for (int i = 0; i < 16; ++i, row += ldq) {
-            _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
             r[i] = _mm512_maskz_loadu_epi32(wmask, row);
           }
-          transpose16(r);
+          transpose16<D == Dtype::kBFloat16>(r);
           for (int w = 0; w < 16; ++w) _mm512_store_si512(tbuf + (t * 16 + w) * 16, r[w]);
         }
         const float* tab = tabs + l * 64 * 16;
         float* lane = lanes + l * 64 * kLaneFloats * rows;
+        // This line of the next strip's rows, into L2, a few rows per word (issued in one burst
+        // with the loads above they stalled on the miss queue: 1.15-1.35x slower, one thread).
+        const int64_t pf_rows = std::min(kLutStrip, pb.size_k - (k0 + kb));
+        const int64_t pf_per_word = (pf_rows + words - 1) / words;
+        const int32_t* pf_row = row;  // the line's row k0 + kb
         for (int64_t w = 0; w < words; ++w) {
+          for (int64_t i = w * pf_per_word; i < std::min(pf_rows, (w + 1) * pf_per_word); ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(pf_row + i * ldq), _MM_HINT_T1);
           int64_t m = m_begin;
           for (; m + 8 <= m_end; m += 8)
             lut_rows<D, 8>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);
