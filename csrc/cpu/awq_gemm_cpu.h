@@ -266,11 +266,11 @@ W4K_AWQ_AVX512 inline __m512i pair_index() {
 template <Dtype D, bool kFull>
 W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
                                  const BlockParams* const* rows, float* tile) {
-  constexpr int64_t kStrip = kTileStripRows<D>;  // the next strip's rows: prefetched
+  constexpr int64_t kStrip = kTileStripRows<D>;  // the next strip's rows: prefetched into L2
   if constexpr (D == Dtype::kHalf) {
     for (int64_t r = 0; r < kb; ++r) {
       __m512 w[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T1);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w);
       for (int j = 0; j < 4; ++j)
         _mm512_store_ps(tile + (r * 4 + j) * 16,
@@ -280,8 +280,8 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
     const __m512i pidx = pair_index();
     for (int64_t r = 0; r < kb; r += 2) {
       __m512 w0[4], w1[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStrip) * ldq), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStrip) * ldq), _MM_HINT_T1);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
       if (r + 1 < kb) {
         decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
