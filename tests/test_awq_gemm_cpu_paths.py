@@ -68,6 +68,9 @@ CASES = [
     (1, 256, 320, 32, torch.float16),
     (2, 512, 1088, 64, torch.float16),
     (3, 128, 136, 128, torch.float16),
+    # one group of 1040 rows: 128-row strips of the lookup path and a last strip of one tile
+    (2, 1040, 128, 1040, torch.bfloat16),
+    (1, 1040, 128, 1040, torch.float16),
 ]
 
 
