@@ -91,7 +91,7 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
 
 
-def _cancelling(qw, s, x, group_size):
+def _cancelling(qw, x, group_size):
     """Makes the fp32 summation order show in the output (as make_case's `cancel` does for
     w4a16_gemm): in every 16-row tile whose rows 3 and 12 share a group, row 12 of the weight
     repeats row 3 and x holds +L and -L there. The two products cancel exactly, but every fp32
@@ -120,7 +120,7 @@ def test_awq_gemm_cpu_paths_same_bits_cancelling_input(monkeypatch, size_m, size
     cases as above on inputs where a different order changes the rounded output."""
     qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m + size_k)
     x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
-    qw, x = _cancelling(qw, s, x, group_size)
+    qw, x = _cancelling(qw, x, group_size)
     ref = x.double() @ reference.awq_dequantize(qw, s, qz).double()
     out = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
     # the input does what it is for: the fp32 rounding residue shows after the rounding to T

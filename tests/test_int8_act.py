@@ -264,15 +264,31 @@ CANCEL_CASES = [(1, 1024, 128, 128, False, BF), (3, 512, 192, 64, True, FP),
                 (11, 512, 704, 32, True, BF)]
 
 
-def _all_paths(op, args):
-    """op(*args) by default (2 threads) and with 1 thread, W4K_CPU_ISA=avx2 and scalar (a path
-    this CPU lacks falls back to the next): all the same bits, returned once."""
-    bits = lambda t: t.view(torch.int16)  # noqa: E731  (signed zeros and NaN payloads count)
-    with threads(2):
+def _bits(t):
+    """The output's raw 16-bit patterns: equal bits, NaN payloads and signed zeros included."""
+    return t.view(torch.int16)
+
+
+def assert_paths_agree(op, args):
+    """op(*args) under W4K_CPU_ISA=avx2 (2 and 1 threads) equals avx512 and scalar, bit for bit."""
+    with cpu_isa("avx2"):
         out = op(*args)
-    for isa, n in [(None, 1), ("avx2", 2), ("avx2", 1), ("scalar", 2)]:
-        with cpu_isa(isa), threads(n):
-            assert torch.equal(bits(op(*args)), bits(out)), f"W4K_CPU_ISA={isa}, {n} thread(s)"
+        with threads(1):
+            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2: 1 thread vs 2"
+    with threads(2):
+        with cpu_isa("avx512"):
+            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2 vs avx512"
+        with cpu_isa("scalar"):
+            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2 vs scalar"
+    return out
+
+
+def _all_paths(op, args):
+    """assert_paths_agree (avx2 with 2 and 1 threads, avx512, scalar) and avx512 with 1 thread:
+    all the same bits (a path this CPU lacks falls back to the next), returned once."""
+    out = assert_paths_agree(op, args)
+    with cpu_isa("avx512"), threads(1):
+        assert torch.equal(_bits(op(*args)), _bits(out)), "avx512: 1 thread vs avx2"
     return out
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from conftest import cpu_flags
-from test_int8_act import BF, FP, awq_case, cpu_isa, marlin_case, threads
+from test_int8_act import (BF, FP, _bits, assert_paths_agree, awq_case, cpu_isa,
+                           marlin_case, threads)
 from w4kernels import ops
 
 M_SWEEP = [1, 3, 4, 7, 16, 33, 300]
@@ -24,25 +25,6 @@ M_SWEEP = [1, 3, 4, 7, 16, 33, 300]
 FLAGS = cpu_flags()
 needs_avx2 = pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= FLAGS,
                                 reason="the AVX2 path needs the avx2, fma and f16c CPU flags")
-
-
-def _bits(t):
-    """The output's raw 16-bit patterns: equal bits, NaN payloads and signed zeros included."""
-    return t.view(torch.int16)
-
-
-def assert_paths_agree(op, args):
-    """op(*args) under W4K_CPU_ISA=avx2 (2 and 1 threads) equals avx512 and scalar, bit for bit."""
-    with cpu_isa("avx2"):
-        out = op(*args)
-        with threads(1):
-            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2: 1 thread vs 2"
-    with threads(2):
-        with cpu_isa("avx512"):
-            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2 vs avx512"
-        with cpu_isa("scalar"):
-            assert torch.equal(_bits(op(*args)), _bits(out)), "avx2 vs scalar"
-    return out
 
 
 def _marlin_args(m, k, n, group, dtype, act_order=None, zp=False, bias=False, seed=0):

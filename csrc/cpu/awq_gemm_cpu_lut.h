@@ -314,14 +314,14 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         }
         const float* tab = tabs + l * 64 * 16;
         float* lane = lanes + l * 64 * kLaneFloats * rows;
-        // This line of the next strip's rows, into L2, a few rows per word (issued in one burst
-        // with the loads above they stalled on the miss queue: 1.15-1.35x slower, one thread).
+        // This line of the next strip's rows (row: now at k0 + kb), into L2, a few rows per word
+        // (issued in one burst with the loads above they stalled on the miss queue: 1.15-1.35x
+        // slower, one thread).
         const int64_t pf_rows = std::min(kLutStrip, pb.size_k - (k0 + kb));
         const int64_t pf_per_word = (pf_rows + words - 1) / words;
-        const int32_t* pf_row = row;  // the line's row k0 + kb
         for (int64_t w = 0; w < words; ++w) {
           for (int64_t i = w * pf_per_word; i < std::min(pf_rows, (w + 1) * pf_per_word); ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(pf_row + i * ldq), _MM_HINT_T1);
+            _mm_prefetch(reinterpret_cast<const char*>(row + i * ldq), _MM_HINT_T1);
           int64_t m = m_begin;
           for (; m + 8 <= m_end; m += 8)
             lut_rows<D, 8>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);

@@ -27,6 +27,18 @@ namespace w4k::cpu {
 
 #define W4K_W4A16_AVX2 __attribute__((target("avx2,f16c")))  // no fma: see the top
 
+// round_to_bf16: RNE on the bits, the result an fp32 with zero low 16 bits. It keeps a NaN as it
+// is; so does this, because a NaN here has zero low 16 bits (adding at most 0x8000 then cannot
+// carry into bit 16): a bf16 scale's NaN (low bits zero) carried through the multiply, or x86's
+// default NaN 0xffc00000 (q - z = 0 times an infinite scale).
+W4K_W4A16_AVX2 inline __m256 round_bf16_avx2(__m256 w) {
+  const __m256i b = _mm256_castps_si256(w);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                       _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
 // One k-tile (16 rows) of chunk words -> wbuf[16][64] (wbuf column order, as
 // dequant_tile_generic). A 256-bit vector of the words at 16c + 4t + j, c = 4cg + 2h + (0, 1),
 // j = 0..3 (two 4-word runs) holds, in nibble e of lane 4 (c - 4cg - 2h) + j, the weight of
@@ -58,16 +70,7 @@ W4K_W4A16_AVX2 void dequant_tile_avx2(const int32_t* words, const float* const* 
             w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
             w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
           } else {
-            // round_to_bf16: RNE on the bits. It keeps a NaN as it is; so does this, because a
-            // NaN here has zero low 16 bits (adding at most 0x8000 then cannot carry into bit
-            // 16): a bf16 scale's NaN (low bits zero) carried through the multiply, or x86's
-            // default NaN 0xffc00000 (q - z = 0 times an infinite scale).
-            w = _mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0));  // exact in fp32
-            const __m256i b = _mm256_castps_si256(w);
-            const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-            w = _mm256_castsi256_ps(_mm256_and_si256(
-                _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
-                _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+            w = round_bf16_avx2(_mm256_mul_ps(w, _mm256_loadu_ps(srow[row] + x0)));  // exact
           }
           _mm256_storeu_ps(wbuf + row * 64 + x0, w);
         }

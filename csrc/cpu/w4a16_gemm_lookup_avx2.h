@@ -91,12 +91,9 @@ W4K_W4A16_AVX2 inline void gather_group_scales_avx2(const uint16_t* s_row,
   }
 }
 
-// round_to_bf16's RNE on the bits, as dequant_tile_avx2 (a NaN kept), in the low 16 bits.
+// round_bf16_avx2's bf16 bits (dequant_tile_avx2's rounding), in the low 16 bits of each dword.
 W4K_W4A16_AVX2 inline __m256i bf16_bits_avx2(__m256 w) {
-  const __m256i b = _mm256_castps_si256(w);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
-                           16);
+  return _mm256_srli_epi32(_mm256_castps_si256(round_bf16_avx2(w)), 16);
 }
 
 // The tables of the 64 columns (wbuf order) with scales s64 and zero points z64 (nullptr: 8):
