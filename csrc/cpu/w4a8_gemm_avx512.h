@@ -253,15 +253,7 @@ W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __
 W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
                                             int64_t ch1, uint8_t* panels) {
   const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
-  // The same columns one block further down, prefetched into L2 row by row as this block is
-  // read (spread out: a burst of a block's worth of prefetches overflows the miss buffers).
-  const bool ahead = k0 + 2 * p.block <= p.size_k;
   for (int64_t k = k0; k < k0 + p.block; k += 4) {
-    if (ahead)
-      for (int r = 0; r < 4; ++r) {
-        const char* next = reinterpret_cast<const char*>(p.qweight + (k + r + p.block) * ldq + 8 * ch0);
-        for (int64_t l = 0; l < 32 * (ch1 - ch0); l += 64) _mm_prefetch(next + l, _MM_HINT_T1);
-      }
     for (int64_t ch = ch0; ch < ch1; ++ch)
       decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq,
                       panels + (ch - ch0) * panel_bytes + (k - k0) * 64);
@@ -503,6 +495,13 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_h_a8(
 #undef W4K_A8_EPI
 }
 
+// Lines of weights to prefetch into L2 while a tile runs, spread evenly over its quads: rows
+// r0 .. r0 + nr - 1 of base (row stride ld bytes), one line each. base == nullptr: none.
+struct RowPrefetch {
+  const char* base = nullptr;
+  int64_t ld = 0, r0 = 0, nr = 0;
+};
+
 // R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
 // the fp32 accumulators c (panel order, row stride ldc). Named accumulators, not an array: GCC
 // spills an array of __m512i to the stack on every iteration. Not inlined: inside the driver
@@ -511,11 +510,16 @@ template <int R>
 W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
                                   int64_t lda_q, const float* sa, const int32_t* sumqa,
                                   int64_t lds, const float* sw, const int32_t* z, float* c,
-                                  int64_t ldc) {
+                                  int64_t ldc, RowPrefetch pf = {}) {
   W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2)
   W4K_A8_ZERO4(c3) W4K_A8_ZERO4(c4) W4K_A8_ZERO4(c5)
   const int8_t* q0 = qa;
+  const char* pf_row = pf.base ? pf.base + pf.r0 * pf.ld : nullptr;
+  int64_t pf_due = 0;
   for (int64_t q = 0; q < nq; ++q, panel += 256, q0 += 4) {
+    if (pf_row)  // pf.nr lines over nq quads, evenly (no division in the loop)
+      for (pf_due += pf.nr; pf_due >= nq; pf_due -= nq, pf_row += pf.ld)
+        _mm_prefetch(pf_row, _MM_HINT_T1);
     const __m512i w0 = _mm512_loadu_si512(panel);
     const __m512i w1 = _mm512_loadu_si512(panel + 64);
     const __m512i w2 = _mm512_loadu_si512(panel + 128);
@@ -680,22 +684,45 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         continue;
       }
       if (!awq) decode_panel(p, k0, ch, panel);
-      int64_t r = 0;
-      for (; r + kA8TileRows <= rows; r += kA8TileRows)
-        tile_a8<kA8TileRows>(panel, nq, qa + r * p.lda_q, p.lda_q, sa + r * p.num_blocks,
-                             sq + r * p.num_blocks, p.num_blocks, sw, z, c + r * ldc, ldc);
-      const int64_t left = rows - r;
-      const int8_t* qr = qa + r * p.lda_q;
-      const float* sr = sa + r * p.num_blocks;
-      const int32_t* sqr = sq + r * p.num_blocks;
-      float* cr = c + r * ldc;
-      switch (left) {
-        case 5: tile_a8<5>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
-        case 4: tile_a8<4>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
-        case 3: tile_a8<3>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
-        case 2: tile_a8<2>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
-        case 1: tile_a8<1>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc); break;
-        default: break;
+      // AWQ: the next block's line of each row of this chunk pair, prefetched into L2 spread
+      // over all the pair's tiles (issued with the decode, 2 x 128 misses in a few hundred
+      // cycles stalled on the miss buffers: 30 % of the decode's samples).
+      const int64_t pair0 = ch0 + (ch - ch0) / 2 * 2;
+      const int64_t row_tiles = (rows + kA8TileRows - 1) / kA8TileRows;
+      const int64_t pf_calls = row_tiles * (std::min(pair0 + 2, ch1) - pair0);
+      int64_t pf_call = (ch - pair0) * row_tiles;
+      auto tile_prefetch = [&]() {
+        RowPrefetch pf;
+        if (awq && ahead) {
+          pf.base = reinterpret_cast<const char*>(p.qweight + (k0 + p.block) * (p.size_n / 8) +
+                                                  8 * pair0);
+          pf.ld = p.size_n / 2;
+          pf.r0 = pf_call * p.block / pf_calls;
+          pf.nr = (pf_call + 1) * p.block / pf_calls - pf.r0;
+        }
+        ++pf_call;
+        return pf;
+      };
+      // Row tiles of at most kA8TileRows, as even as possible (8 rows: 4 + 4, not 6 + 2: GCC
+      // reloads a small tile's weight zmm for each row, so a 2-row tile runs at load speed).
+      for (int64_t t = 0, r = 0; t < row_tiles; ++t) {
+        const int64_t n = (rows - r) / (row_tiles - t);
+        const int8_t* qr = qa + r * p.lda_q;
+        const float* sr = sa + r * p.num_blocks;
+        const int32_t* sqr = sq + r * p.num_blocks;
+        float* cr = c + r * ldc;
+        const RowPrefetch pf = tile_prefetch();
+#define W4K_A8_CASE(n)                                                                   \
+  case n:                                                                                \
+    tile_a8<n>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc, pf);       \
+    break;
+        switch (n) {
+          W4K_A8_CASE(6) W4K_A8_CASE(5) W4K_A8_CASE(4) W4K_A8_CASE(3) W4K_A8_CASE(2)
+          W4K_A8_CASE(1)
+#undef W4K_A8_CASE
+          default: break;
+        }
+        r += n;
       }
     }
   }
