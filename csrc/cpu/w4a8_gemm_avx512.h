@@ -163,13 +163,6 @@ W4K_A8_TARGET_VBMI inline void decode_awq_quad_regs(const int32_t* words, int64_
   out[3] = _mm512_and_si512(_mm512_srli_epi16(t1, 4), nib);
 }
 
-W4K_A8_TARGET_VBMI inline void decode_awq_quad(const int32_t* words, int64_t ldq, uint8_t* panel) {
-  static const AwqQuadIdx ix = awq_quad_idx();
-  __m512i e[4];
-  decode_awq_quad_regs(words, ldq, ix, e);
-  for (int i = 0; i < 4; ++i) _mm512_storeu_si512(panel + 64 * i, e[i]);
-}
-
 // Marlin: the panel of block [k0, k0 + block) of chunk ch (the next block's tiles prefetched).
 W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t ch,
                                        uint8_t* panel) {
@@ -244,19 +237,6 @@ W4K_A8_TARGET inline void epilogue_row_a8(__m512i i0, __m512i i1, __m512i i2, __
     const __m512 t = _mm512_mul_ps(sav, _mm512_loadu_ps(sw + 16 * g));
     _mm512_storeu_ps(c + 16 * g,
                      _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), t, _mm512_loadu_ps(c + 16 * g)));
-  }
-}
-
-// AWQ: the panels of block [k0, k0 + block) for chunks [ch0, ch1), read row by row across the
-// chunks (64 B per row and chunk pair: whole cache lines; AWQ rows are N/2 bytes apart, so
-// reading one chunk's 32 bytes of 128 rows would map them all to two L1 sets).
-W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_panels(const W4a8Problem& p, int64_t k0, int64_t ch0,
-                                            int64_t ch1, uint8_t* panels) {
-  const int64_t ldq = p.size_n / 8, panel_bytes = p.block * 64;
-  for (int64_t k = k0; k < k0 + p.block; k += 4) {
-    for (int64_t ch = ch0; ch < ch1; ++ch)
-      decode_awq_quad(p.qweight + k * ldq + 8 * ch, ldq,
-                      panels + (ch - ch0) * panel_bytes + (k - k0) * 64);
   }
 }
 
@@ -502,43 +482,84 @@ struct RowPrefetch {
   int64_t ld = 0, r0 = 0, nr = 0;
 };
 
-// R rows x 64 columns over one block's panel: int32 sums by vpdpbusd, then the epilogue into
-// the fp32 accumulators c (panel order, row stride ldc). Named accumulators, not an array: GCC
-// spills an array of __m512i to the stack on every iteration. Not inlined: inside the driver
-// the register allocator copied and stored the accumulators on every iteration.
+// The body shared by the register tiles below: R (<= 6) rows x 64 columns, 4R named int32
+// accumulators (named, not an array: GCC spills an array of __m512i to the stack on every
+// iteration). Per quad q, W4K_A8_TILE_WEIGHTS sets the 4 weight zmm w0 .. w3; the rows' 4
+// activation bytes are broadcast and summed by vpdpbusd; then the epilogue into the fp32
+// accumulators c (panel order, row stride ldc). pf's lines are issued a few per quad.
+#define W4K_A8_TILE_ROW(r)                                                                \
+  if constexpr (R > r) {                                                                  \
+    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q)); \
+    W4K_A8_DOT4(c##r, w0, w1, w2, w3, a)                                                  \
+  }
+#define W4K_A8_TILE_EPI(r)                                                                \
+  if constexpr (R > r)                                                                    \
+    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
+                    c + r * ldc);
+#define W4K_A8_TILE(W4K_A8_TILE_WEIGHTS)                                                  \
+  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2)                                      \
+  W4K_A8_ZERO4(c3) W4K_A8_ZERO4(c4) W4K_A8_ZERO4(c5)                                      \
+  const int8_t* q0 = qa;                                                                  \
+  const char* pf_row = pf.base ? pf.base + pf.r0 * pf.ld : nullptr;                       \
+  int64_t pf_due = 0;                                                                     \
+  for (int64_t q = 0; q < nq; ++q, q0 += 4) {                                             \
+    if (pf_row) /* pf.nr lines over nq quads, evenly (no division in the loop) */         \
+      for (pf_due += pf.nr; pf_due >= nq; pf_due -= nq, pf_row += pf.ld)                  \
+        _mm_prefetch(pf_row, _MM_HINT_T1);                                                \
+    W4K_A8_TILE_WEIGHTS                                                                   \
+    W4K_A8_TILE_ROW(0) W4K_A8_TILE_ROW(1) W4K_A8_TILE_ROW(2)                              \
+    W4K_A8_TILE_ROW(3) W4K_A8_TILE_ROW(4) W4K_A8_TILE_ROW(5)                              \
+  }                                                                                       \
+  W4K_A8_TILE_EPI(0) W4K_A8_TILE_EPI(1) W4K_A8_TILE_EPI(2)                                \
+  W4K_A8_TILE_EPI(3) W4K_A8_TILE_EPI(4) W4K_A8_TILE_EPI(5)
+
+// R rows x 64 columns over one block's decoded panel (Marlin at 17+ rows; AWQ: the tiles after
+// a chunk pair's first). Not inlined: inside the driver the register allocator copied and
+// stored the accumulators on every iteration.
 template <int R>
 W4K_A8_TARGET __attribute__((noinline)) void tile_a8(const uint8_t* panel, int64_t nq, const int8_t* qa,
                                   int64_t lda_q, const float* sa, const int32_t* sumqa,
                                   int64_t lds, const float* sw, const int32_t* z, float* c,
                                   int64_t ldc, RowPrefetch pf = {}) {
-  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2)
-  W4K_A8_ZERO4(c3) W4K_A8_ZERO4(c4) W4K_A8_ZERO4(c5)
-  const int8_t* q0 = qa;
-  const char* pf_row = pf.base ? pf.base + pf.r0 * pf.ld : nullptr;
-  int64_t pf_due = 0;
-  for (int64_t q = 0; q < nq; ++q, panel += 256, q0 += 4) {
-    if (pf_row)  // pf.nr lines over nq quads, evenly (no division in the loop)
-      for (pf_due += pf.nr; pf_due >= nq; pf_due -= nq, pf_row += pf.ld)
-        _mm_prefetch(pf_row, _MM_HINT_T1);
-    const __m512i w0 = _mm512_loadu_si512(panel);
-    const __m512i w1 = _mm512_loadu_si512(panel + 64);
-    const __m512i w2 = _mm512_loadu_si512(panel + 128);
-    const __m512i w3 = _mm512_loadu_si512(panel + 192);
-#define W4K_A8_ROW(r)                                                              \
-  if constexpr (R > r) {                                                           \
-    const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(q0 + r * lda_q)); \
-    W4K_A8_DOT4(c##r, w0, w1, w2, w3, a)                                           \
-  }
-    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3) W4K_A8_ROW(4) W4K_A8_ROW(5)
-#undef W4K_A8_ROW
-  }
-#define W4K_A8_EPI(r)                                                                    \
-  if constexpr (R > r)                                                                   \
-    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
-                    c + r * ldc);
-  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3) W4K_A8_EPI(4) W4K_A8_EPI(5)
-#undef W4K_A8_EPI
+  W4K_A8_TILE(const __m512i w0 = _mm512_loadu_si512(panel + 256 * q);
+              const __m512i w1 = _mm512_loadu_si512(panel + 256 * q + 64);
+              const __m512i w2 = _mm512_loadu_si512(panel + 256 * q + 128);
+              const __m512i w3 = _mm512_loadu_si512(panel + 256 * q + 192);)
 }
+
+// One quad of an AWQ chunk pair for tile_awq_a8: chunk 1 (if panel1) decoded and stored, chunk
+// 0 decoded into e and stored.
+W4K_A8_TARGET_VBMI inline __attribute__((always_inline)) void decode_awq_pair_quad(
+    const int32_t* words, int64_t ldq, const AwqQuadIdx& ix, uint8_t* panel0, uint8_t* panel1,
+    __m512i e[4]) {
+  if (panel1) {
+    decode_awq_quad_regs(words + 8, ldq, ix, e);
+    for (int i = 0; i < 4; ++i) _mm512_storeu_si512(panel1 + 64 * i, e[i]);
+  }
+  decode_awq_quad_regs(words, ldq, ix, e);
+  for (int i = 0; i < 4; ++i) _mm512_storeu_si512(panel0 + 64 * i, e[i]);
+}
+
+// AWQ, 5+ rows: the first tile of a chunk pair decodes the weights: per quad, the pair's 4 rows
+// (one 64-byte line each) decoded, chunk 0's 4 zmm used in registers and stored to panel0,
+// chunk 1's stored to panel1 (nullptr: a lone chunk) for the pair's other tiles (tile_a8).
+// Decoding inside the tile instead of in a pass of its own over the block lets the decode's
+// loads overlap the dot products (one thread, L3-resident, M = 5 / 8 / 16: 7-15 % faster).
+template <int R>
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void tile_awq_a8(
+    const int32_t* words, int64_t ldq, uint8_t* panel0, uint8_t* panel1, int64_t nq,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc, RowPrefetch pf) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+  W4K_A8_TILE(__m512i e[4];
+              decode_awq_pair_quad(words + 4 * q * ldq, ldq, ix, panel0 + 256 * q,
+                                   panel1 ? panel1 + 256 * q : nullptr, e);
+              const __m512i w0 = e[0]; const __m512i w1 = e[1];
+              const __m512i w2 = e[2]; const __m512i w3 = e[3];)
+}
+#undef W4K_A8_TILE
+#undef W4K_A8_TILE_ROW
+#undef W4K_A8_TILE_EPI
 
 constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
 
@@ -586,10 +607,9 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         ch += 3;
         continue;
       }
-      // AWQ panels: a pair of chunks (one 64-byte line per row) decoded when the pair starts.
+      // AWQ panels: a pair of chunks (one 64-byte line per row), decoded by the pair's first
+      // tile (tile_awq_a8).
       uint8_t* panel = panel_buf.data() + (awq ? (ch - ch0) % 2 * panel_bytes : 0);
-      if (awq && rows > kA8FewRows && (ch - ch0) % 2 == 0)
-        decode_awq_panels(p, k0, ch, std::min(ch + 2, ch1), panel_buf.data());
       gather_scales_zeros_avx512(p, tb, g, ch, sw, z);
       if (ahead) {  // the next block's scales (128 bytes) and zero points (32 bytes) of this chunk
         const int64_t gn = (k0 + p.block) / p.group_size;
@@ -712,6 +732,23 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         const int32_t* sqr = sq + r * p.num_blocks;
         float* cr = c + r * ldc;
         const RowPrefetch pf = tile_prefetch();
+        if (awq && t == 0 && ch == pair0) {  // decodes the pair's panels (tile_awq_a8)
+          const int32_t* words = p.qweight + k0 * (p.size_n / 8) + 8 * ch;
+          uint8_t* panel1 = ch + 1 < ch1 ? panel + panel_bytes : nullptr;
+#define W4K_A8_CASE(n)                                                                   \
+  case n:                                                                                \
+    tile_awq_a8<n>(words, p.size_n / 8, panel, panel1, nq, qr, p.lda_q, sr, sqr,         \
+                   p.num_blocks, sw, z, cr, ldc, pf);                                   \
+    break;
+          switch (n) {
+            W4K_A8_CASE(6) W4K_A8_CASE(5) W4K_A8_CASE(4) W4K_A8_CASE(3) W4K_A8_CASE(2)
+            W4K_A8_CASE(1)
+            default: break;
+          }
+#undef W4K_A8_CASE
+          r += n;
+          continue;
+        }
 #define W4K_A8_CASE(n)                                                                   \
   case n:                                                                                \
     tile_a8<n>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc, pf);       \
