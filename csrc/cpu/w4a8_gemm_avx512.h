@@ -283,15 +283,17 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_row_a8(
   epilogue_row_a8(g[0], g[1], g[2], g[3], sa, sumqa, sw, z, c);
 }
 
-// AWQ, few rows (R <= 4): one block of one chunk decoded quad by quad in registers (no panel),
-// R x 4 accumulators; the next block's rows of this chunk prefetched into L2 as it goes.
+// AWQ, 1-2 rows, a lone chunk (the last of an odd count): one block of it decoded quad by quad
+// in registers (no panel), R x 4 accumulators; the next block's rows of this chunk prefetched
+// into L2 as it goes.
 template <int R>
 W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
     const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw, const int32_t* z, float* c, int64_t ldc) {
   static const AwqQuadIdx ix = awq_quad_idx();
-  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1) W4K_A8_ZERO4(c2) W4K_A8_ZERO4(c3)
+  static_assert(R == 1 || R == 2);
+  W4K_A8_ZERO4(c0) W4K_A8_ZERO4(c1)
   for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
     if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 1);
     __m512i e[4];
@@ -301,24 +303,19 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
     const __m512i a = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * q)); \
     W4K_A8_DOT4(c##r, e[0], e[1], e[2], e[3], a)                                              \
   }
-    W4K_A8_ROW(0) W4K_A8_ROW(1) W4K_A8_ROW(2) W4K_A8_ROW(3)
+    W4K_A8_ROW(0) W4K_A8_ROW(1)
 #undef W4K_A8_ROW
   }
-#define W4K_A8_EPI(r)                                                                    \
-  if constexpr (R > r)                                                                   \
-    epilogue_row_a8(c##r##0, c##r##1, c##r##2, c##r##3, sa[r * lds], sumqa[r * lds], sw, z, \
-                    c + r * ldc);
-  W4K_A8_EPI(0) W4K_A8_EPI(1) W4K_A8_EPI(2) W4K_A8_EPI(3)
-#undef W4K_A8_EPI
+  epilogue_row_a8(c00, c01, c02, c03, sa[0], sumqa[0], sw, z, c);
+  if constexpr (R > 1)
+    epilogue_row_a8(c10, c11, c12, c13, sa[lds], sumqa[lds], sw, z, c + ldc);
 }
 
-// AWQ, 1-2 rows of a 2-4-row item, a pair of chunks (one 64-byte line of each weight row) per
-// pass: every line read whole by one pass, where the one-chunk pass (awq_rows_a8) read half a
-// line per pass and the other half again in the next pass (from L2 at best: a block's 128
-// rows N / 2 bytes apart share few L1 sets). R x 8 accumulators; 3-4 rows: two passes (rows
-// 0-1, then 2-3 from L2). sw2 / z2: the two chunks' scales and zero points in panel order (64 +
-// 64); c: the two chunks' fp32 sums (64 + 64 per row, row stride ldc).
-template <int R>
+// AWQ, 2 rows, a pair of chunks (one 64-byte line of each weight row) per pass: every line read
+// whole by one pass, where the one-chunk pass (awq_rows_a8) read half a line per pass and the
+// other half again in the next pass (from L2 at best: a block's 128 rows N / 2 bytes apart
+// share few L1 sets). 2 x 8 accumulators. sw2 / z2: the two chunks' scales and zero points in
+// panel order (64 + 64); c: the two chunks' fp32 sums (64 + 64 per row, row stride ldc).
 W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
     const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
@@ -328,12 +325,8 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
   for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
     if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 1);
     const __m512i av0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
-    const __m512i av1 =
-        _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + (R > 1 ? lda_q : 0) + 4 * q));
-#define W4K_A8_ROW(r, j)                                       \
-  if constexpr (R > r) {                                       \
-    W4K_A8_DOT4(a##r##j, e[0], e[1], e[2], e[3], av##r)         \
-  }
+    const __m512i av1 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + lda_q + 4 * q));
+#define W4K_A8_ROW(r, j) W4K_A8_DOT4(a##r##j, e[0], e[1], e[2], e[3], av##r)
 #define W4K_A8_CH(j)                                 \
   {                                                  \
     __m512i e[4];                                    \
@@ -345,9 +338,8 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
 #undef W4K_A8_ROW
   }
 #define W4K_A8_EPI(r, j)                                                                \
-  if constexpr (R > r)                                                                  \
-    epilogue_row_a8(a##r##j##0, a##r##j##1, a##r##j##2, a##r##j##3, sa[r * lds],        \
-                    sumqa[r * lds], sw2 + 64 * j, z2 + 64 * j, c + r * ldc + 64 * j);
+  epilogue_row_a8(a##r##j##0, a##r##j##1, a##r##j##2, a##r##j##3, sa[r * lds],          \
+                  sumqa[r * lds], sw2 + 64 * j, z2 + 64 * j, c + r * ldc + 64 * j);
   W4K_A8_EPI(0, 0) W4K_A8_EPI(0, 1) W4K_A8_EPI(1, 0) W4K_A8_EPI(1, 1)
 #undef W4K_A8_EPI
 }
@@ -624,8 +616,8 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
       const float* sa = p.sa + m0 * p.num_blocks + b;
       const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
-      // AWQ, 2-4 rows: a pair of chunks per pass (awq_rows_2ch_a8); an odd last chunk alone.
-      if (awq && rows >= 2 && rows <= kA8FewRows && ch + 2 <= ch1) {
+      // AWQ, 2 rows: a pair of chunks per pass (awq_rows_2ch_a8); an odd last chunk alone.
+      if (awq && rows == 2 && ch + 2 <= ch1) {
         alignas(64) float sw2[128];
         alignas(64) int32_t z2[128];
         std::copy(sw, sw + 64, sw2);
@@ -638,32 +630,21 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
           _mm_prefetch(sn + 64, _MM_HINT_T0);
         }
         const int64_t ldq = p.size_n / 8;
-        const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
-        const int64_t lds = p.num_blocks;
-        // rows 0-1 (the next block's lines prefetched), then rows 2-3 or row 2
-        awq_rows_2ch_a8<2>(words, ldq, nq, ahead, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2,
-                           z2, c, ldc);
-        if (rows == 3)
-          awq_rows_2ch_a8<1>(words, ldq, nq, false, 0, qa + 2 * p.lda_q, p.lda_q, sa + 2 * lds,
-                             sq + 2 * lds, lds, sw2, z2, c + 2 * ldc, ldc);
-        else if (rows == 4)
-          awq_rows_2ch_a8<2>(words, ldq, nq, false, 0, qa + 2 * p.lda_q, p.lda_q, sa + 2 * lds,
-                             sq + 2 * lds, lds, sw2, z2, c + 2 * ldc, ldc);
+        awq_rows_2ch_a8(p.qweight + k0 * ldq + 8 * ch, ldq, nq, ahead, p.block * ldq, qa,
+                        p.lda_q, sa, sq, p.num_blocks, sw2, z2, c, ldc);
         ++ch;
         continue;
       }
-      if (awq && rows <= kA8FewRows) {
+      if (awq && rows <= kA8AwqRegRows) {
         const int64_t ldq = p.size_n / 8;
         const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
         const int64_t lds = p.num_blocks;
         // ahead: the next block's rows, prefetched by the even chunk of a pair (one line)
         const bool pf = ahead && (ch - ch0) % 2 == 0;
-        switch (rows) {
-          case 4: awq_rows_a8<4>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
-          case 3: awq_rows_a8<3>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
-          case 2: awq_rows_a8<2>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
-          default: awq_rows_a8<1>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc); break;
-        }
+        if (rows == 2)
+          awq_rows_a8<2>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
+        else
+          awq_rows_a8<1>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
         continue;
       }
       if (!awq && rows <= 2) {

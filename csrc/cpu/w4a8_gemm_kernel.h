@@ -98,9 +98,14 @@ inline int64_t a8_block_size(int64_t group_size) {
   return 0;  // not a multiple of 16: the checks refuse it before this is called
 }
 
-// Up to this many rows per work item the AVX-512 path decodes AWQ in registers without L1
-// panels, and Marlin items are fewer and longer (the bandwidth-bound regime).
+// Up to this many rows per work item Marlin items are fewer and longer (the bandwidth-bound
+// regime).
 constexpr int64_t kA8FewRows = 4;
+// Up to this many rows per work item the AVX-512 path decodes AWQ in registers without L1
+// panels, each pass decoding every quad anew; with more rows a chunk pair's panel is decoded
+// once by its first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with
+// two register passes; 2 rows 15-20 % slower).
+constexpr int64_t kA8AwqRegRows = 2;
 // Marlin with 3 .. this many rows: half a chunk at a time, decoded in registers for all rows
 // of a row group (at most 8); AWQ up to this many rows: items of 8 chunks.
 constexpr int64_t kA8GroupRows = 16;
