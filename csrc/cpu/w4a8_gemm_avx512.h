@@ -641,10 +641,11 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         const int64_t lds = p.num_blocks;
         // ahead: the next block's rows, prefetched by the even chunk of a pair (one line)
         const bool pf = ahead && (ch - ch0) % 2 == 0;
+        const int64_t ahead_words = p.block * ldq;
         if (rows == 2)
-          awq_rows_a8<2>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
+          awq_rows_a8<2>(words, ldq, nq, pf, ahead_words, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
         else
-          awq_rows_a8<1>(words, ldq, nq, pf, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
+          awq_rows_a8<1>(words, ldq, nq, pf, ahead_words, qa, p.lda_q, sa, sq, lds, sw, z, c, ldc);
         continue;
       }
       if (!awq && rows <= 2) {
@@ -687,7 +688,7 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       if (!awq) decode_panel(p, k0, ch, panel);
       // AWQ: the next block's line of each row of this chunk pair, prefetched into L2 spread
       // over all the pair's tiles (issued with the decode, 2 x 128 misses in a few hundred
-      // cycles stalled on the miss buffers: 30 % of the decode's samples).
+      // cycles stalled on the miss buffers: 32 % of the decode's samples).
       const int64_t pair0 = ch0 + (ch - ch0) / 2 * 2;
       const int64_t row_tiles = (rows + kA8TileRows - 1) / kA8TileRows;
       const int64_t pf_calls = row_tiles * (std::min(pair0 + 2, ch1) - pair0);
