@@ -82,7 +82,13 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     simd1 = _run(monkeypatch, "avx512", 1, x, qw, s, qz)
     avx2_2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
     avx2_1 = _run(monkeypatch, "avx2", 1, x, qw, s, qz)
+    # at M <= 4 the AVX2 path sums the lookup order by vpshufb table lookups; the knob selects
+    # its fp32 strip decode in the same order
+    monkeypatch.setenv("W4K_AWQ_AVX2_LOOKUP", "0")
+    avx2_strip = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
+    monkeypatch.delenv("W4K_AWQ_AVX2_LOOKUP")
     portable = _run(monkeypatch, "scalar", 2, x, qw, s, qz)
+    assert golden.same_bits(avx2_2, avx2_strip), "AVX2 path: lookups and strip decode differ"
     assert golden.same_bits(simd2, simd1), "threads 1 and 2 differ"
     assert golden.same_bits(avx2_2, avx2_1), "AVX2 path: threads 1 and 2 differ"
     assert golden.same_bits(simd2, portable), "AVX-512 and portable paths differ"
@@ -128,6 +134,8 @@ def test_awq_gemm_cpu_paths_same_bits_cancelling_input(monkeypatch, size_m, size
     for isa, threads in [("avx512", 1), ("avx2", 2), ("avx2", 1), ("scalar", 2)]:
         assert golden.same_bits(_run(monkeypatch, isa, threads, x, qw, s, qz), out), \
             f"{isa}, {threads} thread(s) differ from avx512, 2 threads"
+    monkeypatch.setenv("W4K_AWQ_AVX2_LOOKUP", "0")  # the AVX2 strip decode in lookup order
+    assert golden.same_bits(_run(monkeypatch, "avx2", 2, x, qw, s, qz), out)
 
 
 def test_awq_gemm_cpu_lookup_path_summation_order(monkeypatch):

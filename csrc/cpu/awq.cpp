@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -196,6 +197,23 @@ void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
   }
   const int64_t chunk_cols = awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
   const int64_t chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
+  // Lookup order by table lookups (chunk_lut_avx2); W4K_AWQ_AVX2_LOOKUP=0 selects the fp32
+  // strip decode in the same order (chunk_avx2: the same bits; a test and benchmark knob).
+  const char* env = std::getenv("W4K_AWQ_AVX2_LOOKUP");
+  if (lut_order && !(env && std::strcmp(env, "0") == 0)) {
+    std::vector<float> xe;
+    if constexpr (D == awq_cpu::Dtype::kBFloat16) {
+      xe.resize(pb.size_m * pb.size_k * 2);
+      awq_cpu::lut_avx2_bf16_x(xf, pb.size_m, pb.size_k, xe.data());
+    }
+    const float* x = D == awq_cpu::Dtype::kBFloat16 ? xe.data() : xf;
+    const int64_t floats = awq_cpu::lut_avx2_scratch_floats<D>(pb.size_m);
+    cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
+      const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+      awq_cpu::chunk_lut_avx2<D>(pb, x, n0, n1, thread_scratch(floats));
+    });
+    return;
+  }
   const int64_t floats = awq_cpu::avx2_scratch_floats(pb.size_m, awq_cpu::avx2_lanes<D>(lut_order));
   cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
     const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);

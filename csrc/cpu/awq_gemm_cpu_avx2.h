@@ -266,5 +266,264 @@ W4K_AWQ_AVX2 void chunk_avx2(const Problem& pb, const float* xf, int64_t n_begin
   }
 }
 
+// ---- Lookup order by table lookups (lut_path_applies: M <= kLutMaxM, K and groups multiples
+// of 16) ----
+// Per (group, column) the 16 possible weights T(fma(q, s, (-z) s)), rounded as
+// avx2_decode_strip rounds them, become two 16-byte vpshufb tables: the low and the high bytes
+// of their bits. The nibbles of 16 rows are transposed to index bytes, one ymm per column pair
+// (c, c + 4) of a word: [c rows 0..15 | c + 4 rows 0..15]. Two vpshufb and two byte unpacks
+// give the pair's 16-bit weights, rows 0..7 and rows 8..15, and then
+//  * bf16: dword lane j of each holds rows (2j, 2j + 1) (+ 8): a mask gives row 2j + 1, a shift
+//    row 2j; lane chain j (rows 8..15: chain 4 + j) takes them odd row first;
+//  * fp16: vcvtph2ps of each 128-bit half: chains 0..7 (rows 0..7) and 8..15;
+// exactly the chains of the lookup order, summed in lane order at the end: the same bits as
+// chunk_avx2 in lookup order (and so the AVX-512 lookup path), with ~12 vector ops per 16
+// weights at M = 1 where the fp32 strip decode takes ~26.
+
+constexpr int64_t kLutPairs = kBlockN / 2;      // column pairs of a block (4 per word)
+constexpr int64_t kLutRowGroups = kStripK / 16; // 16-row groups of a strip
+
+// Floats of one pair's chain sums per row of x: 8 (bf16: rows 0..7 / 8..15 parts of the pair's
+// two columns) x 2, or 8 (fp16) x 4.
+template <Dtype D>
+constexpr int64_t lut_avx2_pair_floats() {
+  return D == Dtype::kBFloat16 ? 16 : 32;
+}
+
+// Per-thread scratch floats of chunk_lut_avx2: chain sums [block][pair][m][pair floats], the
+// strip's index bytes [row group][pair][32] and tables [group][pair][lo 32, hi 32].
+template <Dtype D>
+inline int64_t lut_avx2_scratch_floats(int64_t size_m) {
+  return kChunkBlocks * kLutPairs * size_m * lut_avx2_pair_floats<D>() +
+         (kLutRowGroups * kLutPairs * 32 + kLutRowGroups * kLutPairs * 64) / 4 + 16;
+}
+
+// bf16 only: x rearranged per 16-row group t into the four chain operands of the lookup, each
+// repeated in both halves: x[2j + 1], x[2j], x[8 + 2j + 1], x[8 + 2j] (j = 0..3).
+inline void lut_avx2_bf16_x(const float* xf, int64_t size_m, int64_t size_k, float* xe) {
+  for (int64_t m = 0; m < size_m; ++m)
+    for (int64_t t = 0; t < size_k / 16; ++t) {
+      const float* x = xf + m * size_k + 16 * t;
+      float* o = xe + (m * (size_k / 16) + t) * 32;
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j) {
+          o[16 * h + j] = o[16 * h + 4 + j] = x[8 * h + 2 * j + 1];
+          o[16 * h + 8 + j] = o[16 * h + 12 + j] = x[8 * h + 2 * j];
+        }
+    }
+}
+
+// The tables of group g for the block at n0 (words valid words; the rest get zero tables):
+// tab [pair][lo 32 bytes, hi 32 bytes], column 8w + i in pair 4w + i % 4, half i / 4.
+template <Dtype D>
+W4K_AWQ_AVX2 void lut_avx2_tables(const Problem& pb, int64_t g, int64_t n0, int64_t words,
+                                  uint8_t* tab) {
+  alignas(64) BlockParams p;
+  const bool plain = avx2_load_params<D>(pb, g, n0, words, p);
+  const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 q1 = _mm256_add_ps(q0, _mm256_set1_ps(8.0f));
+  // per 128-bit half: the low bytes of 8 16-bit values, then their high bytes
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t c = 0; c < kBlockN; ++c) {
+    const __m256 s = _mm256_set1_ps(p.s[c]), zs = _mm256_set1_ps(p.zs[c]);
+    const __m256 v0 = _mm256_fmadd_ps(q0, s, zs), v1 = _mm256_fmadd_ps(q1, s, zs);
+    __m256i bits;  // the 16 weights' 16-bit patterns, q = 0..15
+    if constexpr (D == Dtype::kHalf) {
+      const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      bits = _mm256_set_m128i(_mm256_cvtps_ph(v1, r), _mm256_cvtps_ph(v0, r));
+    } else {
+      const __m256i b0 = _mm256_srli_epi32(
+          _mm256_castps_si256(plain ? avx2_round<D, true>(v0) : avx2_round<D, false>(v0)), 16);
+      const __m256i b1 = _mm256_srli_epi32(
+          _mm256_castps_si256(plain ? avx2_round<D, true>(v1) : avx2_round<D, false>(v1)), 16);
+      bits = _mm256_permute4x64_epi64(_mm256_packus_epi32(b0, b1), 0xd8);
+    }
+    // [lo q0-7, lo q8-15 | hi q0-7, hi q8-15]
+    const __m256i t = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bits, split), 0xd8);
+    uint8_t* pt = tab + (c / 8 * 4 + c % 4) * 64 + (c % 8) / 4 * 16;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pt), _mm256_castsi256_si128(t));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(pt + 32), _mm256_extracti128_si256(t, 1));
+  }
+}
+
+// Index bytes of rows [k, k + 16) of the block (q: its first word of row k; words valid words,
+// the rest read as 0): idx [pair][32 bytes] = [c rows 0..15 | c + 4 rows 0..15].
+W4K_AWQ_AVX2 inline void lut_avx2_indices(const int32_t* q, int64_t ldq, int64_t words,
+                                          uint8_t* idx) {
+  const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(words)),
+                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i w[2][8];  // [rows 0-7 / 8-15][word]: the 8 rows' dwords of each word
+  for (int h = 0; h < 2; ++h) {
+    __m256i r[8];
+    for (int i = 0; i < 8; ++i) {
+      const int32_t* row = q + (8 * h + i) * ldq;
+      // the next strip's row into L2 (rows N / 2 bytes apart share few L1 sets)
+      _mm_prefetch(reinterpret_cast<const char*>(row + kStripK * ldq), _MM_HINT_T1);
+      r[i] = words == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row))
+                        : _mm256_maskload_epi32(row, valid);
+    }
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      w[h][i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+      w[h][4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+    }
+  }
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  // per 128-bit half (4 rows): byte b of the 4 rows together, b = 0..3
+  const __m256i by_byte = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                           0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t wd = 0; wd < 8; ++wd) {
+    const __m256i a = w[0][wd], b = w[1][wd];
+    // low nibbles: bytes 0, 1 -> columns 0, 4 (nibbles 0, 2); bytes 2, 3 -> columns 1, 5;
+    // high nibbles: columns 2, 6 and 3, 7 (kAwqNibble)
+    const __m256i x[2] = {_mm256_shuffle_epi8(_mm256_and_si256(a, nib), by_byte),
+                          _mm256_shuffle_epi8(_mm256_and_si256(_mm256_srli_epi16(a, 4), nib), by_byte)};
+    const __m256i y[2] = {_mm256_shuffle_epi8(_mm256_and_si256(b, nib), by_byte),
+                          _mm256_shuffle_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), nib), by_byte)};
+    for (int n = 0; n < 2; ++n) {
+      uint8_t* o = idx + (4 * wd + 2 * n) * 32;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
+                          _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi32(x[n], y[n]), order));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32),
+                          _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi32(x[n], y[n]), order));
+    }
+  }
+}
+
+
+// MR rows of x, one column pair, row groups t = 0 .. nt - 1 of a strip (idx: the strip's index
+// bytes of this pair, row group stride kLutPairs * 32; tab[t]: the pair's tables for row group
+// t): the chain sums acc [m][pair floats] continued. bf16: xe = lut_avx2_bf16_x's rows at the
+// strip's first row group (row stride ldxe floats); fp16: xf at the strip's first row (ldx).
+template <Dtype D, int MR>
+W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* const* tab, int64_t nt,
+                                       const float* x, int64_t ldx, float* acc) {
+  constexpr int kV = D == Dtype::kBFloat16 ? 2 : 4;  // ymm of chain sums per row
+  __m256 c[MR][kV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kV; ++v) c[m][v] = _mm256_loadu_ps(acc + m * 8 * kV + 8 * v);
+  const __m256i odd_mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t t = 0; t < nt; ++t) {
+    const __m256i i = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + t * kLutPairs * 32));
+    const __m256i lo = _mm256_shuffle_epi8(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[t])), i);
+    const __m256i hi = _mm256_shuffle_epi8(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[t] + 32)), i);
+    const __m256i wa = _mm256_unpacklo_epi8(lo, hi);  // [c rows 0-7 | c + 4 rows 0-7]
+    const __m256i wb = _mm256_unpackhi_epi8(lo, hi);  // rows 8-15
+    if constexpr (D == Dtype::kBFloat16) {
+      const __m256 oa = _mm256_castsi256_ps(_mm256_and_si256(wa, odd_mask));
+      const __m256 ea = _mm256_castsi256_ps(_mm256_slli_epi32(wa, 16));
+      const __m256 ob = _mm256_castsi256_ps(_mm256_and_si256(wb, odd_mask));
+      const __m256 eb = _mm256_castsi256_ps(_mm256_slli_epi32(wb, 16));
+      for (int m = 0; m < MR; ++m) {
+        const float* xm = x + m * ldx + t * 32;
+        c[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xm), oa, c[m][0]);
+        c[m][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 8), ea, c[m][0]);
+        c[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 16), ob, c[m][1]);
+        c[m][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xm + 24), eb, c[m][1]);
+      }
+    } else {
+      const __m256 f[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(wa)),
+                           _mm256_cvtph_ps(_mm256_extracti128_si256(wa, 1)),
+                           _mm256_cvtph_ps(_mm256_castsi256_si128(wb)),
+                           _mm256_cvtph_ps(_mm256_extracti128_si256(wb, 1))};
+      for (int m = 0; m < MR; ++m) {
+        const __m256 x0 = _mm256_loadu_ps(x + m * ldx + 16 * t);
+        const __m256 x1 = _mm256_loadu_ps(x + m * ldx + 16 * t + 8);
+        c[m][0] = _mm256_fmadd_ps(x0, f[0], c[m][0]);
+        c[m][1] = _mm256_fmadd_ps(x0, f[1], c[m][1]);
+        c[m][2] = _mm256_fmadd_ps(x1, f[2], c[m][2]);
+        c[m][3] = _mm256_fmadd_ps(x1, f[3], c[m][3]);
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kV; ++v) _mm256_storeu_ps(acc + m * 8 * kV + 8 * v, c[m][v]);
+}
+
+// chunk_avx2 in lookup order by table lookups: columns [n_begin, n_end), all M (<= kLutMaxM)
+// rows. x: bf16: lut_avx2_bf16_x of the activations; fp16: xf.
+template <Dtype D>
+W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_begin,
+                                 int64_t n_end, float* scratch) {
+  constexpr bool kBf16 = D == Dtype::kBFloat16;
+  constexpr int64_t kPF = lut_avx2_pair_floats<D>();
+  const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8, M = pb.size_m;
+  const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
+  const int64_t ldx = kBf16 ? pb.size_k * 2 : pb.size_k;  // bf16: 32 floats per 16 rows
+  float* acc = scratch;
+  uint8_t* idx = reinterpret_cast<uint8_t*>(acc + kChunkBlocks * kLutPairs * M * kPF);
+  uint8_t* tabs = idx + kLutRowGroups * kLutPairs * 32;
+  std::memset(acc, 0, sizeof(float) * nblocks * kLutPairs * M * kPF);
+  const uint8_t* tab_of[kLutRowGroups];
+  for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
+    const int64_t nt = std::min(kStripK, pb.size_k - k0) / 16;  // K is a multiple of 16
+    const int64_t g0 = k0 / group_size;
+    for (int64_t b = 0; b < nblocks; ++b) {
+      const int64_t n0 = n_begin + b * kBlockN;
+      const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
+      for (int64_t g = g0; g <= (k0 + 16 * nt - 1) / group_size; ++g)
+        lut_avx2_tables<D>(pb, g, n0, words, tabs + (g - g0) * kLutPairs * 64);
+      const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
+      for (int64_t t = 0; t < nt; ++t)
+        lut_avx2_indices(q + 16 * t * ldq, ldq, words, idx + t * kLutPairs * 32);
+      const float* xs = x + (kBf16 ? 2 * k0 : k0);
+      for (int64_t p = 0; p < 4 * words; ++p) {
+        for (int64_t t = 0; t < nt; ++t)
+          tab_of[t] = tabs + ((k0 + 16 * t) / group_size - g0) * kLutPairs * 64 + p * 64;
+        float* a = acc + (b * kLutPairs + p) * M * kPF;
+        const uint8_t* ip = idx + p * 32;
+        int64_t m = 0;
+        if constexpr (kBf16) {  // up to 4 rows at once (8 chain sums in registers)
+          switch (M) {
+            case 4: lut_avx2_pair<D, 4>(ip, tab_of, nt, xs, ldx, a); break;
+            case 3: lut_avx2_pair<D, 3>(ip, tab_of, nt, xs, ldx, a); break;
+            case 2: lut_avx2_pair<D, 2>(ip, tab_of, nt, xs, ldx, a); break;
+            default: lut_avx2_pair<D, 1>(ip, tab_of, nt, xs, ldx, a); break;
+          }
+        } else {  // 2 rows at once (16 chain sums would not fit the 16 ymm)
+          for (; m + 2 <= M; m += 2)
+            lut_avx2_pair<D, 2>(ip, tab_of, nt, xs + m * ldx, ldx, a + m * kPF);
+          if (m < M) lut_avx2_pair<D, 1>(ip, tab_of, nt, xs + m * ldx, ldx, a + m * kPF);
+        }
+      }
+    }
+  }
+  // Each column's chains summed in lane order, then rounded to T.
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t n0 = n_begin + b * kBlockN;
+    const int64_t ncols = std::min(kBlockN, n_end - n0);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t col = 0; col < ncols; ++col) {
+        const int64_t p = col / 8 * 4 + col % 4, half = (col % 8) / 4;
+        const float* a = acc + ((b * kLutPairs + p) * M + m) * kPF;
+        float sum;
+        if constexpr (kBf16) {  // chains 0-3: a[4 half + j]; 4-7: a[8 + 4 half + j]
+          sum = a[4 * half];
+          for (int j = 1; j < 4; ++j) sum += a[4 * half + j];
+          for (int j = 0; j < 4; ++j) sum += a[8 + 4 * half + j];
+        } else {  // chains 0-7: a[8 half + j]; 8-15: a[16 + 8 half + j]
+          sum = a[8 * half];
+          for (int j = 1; j < 8; ++j) sum += a[8 * half + j];
+          for (int j = 0; j < 8; ++j) sum += a[16 + 8 * half + j];
+        }
+        pb.out[m * pb.size_n + n0 + col] = round_to<D>(sum);
+      }
+  }
+}
+
 }  // namespace awq_cpu
 }  // namespace w4k
