@@ -388,10 +388,11 @@ W4K_AWQ_AVX2 inline void lut_avx2_indices(const int32_t* q, int64_t ldq, int64_t
     const __m256i a = w[0][wd], b = w[1][wd];
     // low nibbles: bytes 0, 1 -> columns 0, 4 (nibbles 0, 2); bytes 2, 3 -> columns 1, 5;
     // high nibbles: columns 2, 6 and 3, 7 (kAwqNibble)
+    const __m256i a_hi = _mm256_srli_epi16(a, 4), b_hi = _mm256_srli_epi16(b, 4);
     const __m256i x[2] = {_mm256_shuffle_epi8(_mm256_and_si256(a, nib), by_byte),
-                          _mm256_shuffle_epi8(_mm256_and_si256(_mm256_srli_epi16(a, 4), nib), by_byte)};
+                          _mm256_shuffle_epi8(_mm256_and_si256(a_hi, nib), by_byte)};
     const __m256i y[2] = {_mm256_shuffle_epi8(_mm256_and_si256(b, nib), by_byte),
-                          _mm256_shuffle_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), nib), by_byte)};
+                          _mm256_shuffle_epi8(_mm256_and_si256(b_hi, nib), by_byte)};
     for (int n = 0; n < 2; ++n) {
       uint8_t* o = idx + (4 * wd + 2 * n) * 32;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o),
@@ -416,7 +417,8 @@ W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* const*
     for (int v = 0; v < kV; ++v) c[m][v] = _mm256_loadu_ps(acc + m * 8 * kV + 8 * v);
   const __m256i odd_mask = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   for (int64_t t = 0; t < nt; ++t) {
-    const __m256i i = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + t * kLutPairs * 32));
+    const __m256i i =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + t * kLutPairs * 32));
     const __m256i lo = _mm256_shuffle_epi8(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[t])), i);
     const __m256i hi = _mm256_shuffle_epi8(
