@@ -291,11 +291,13 @@ constexpr int64_t lut_avx2_pair_floats() {
 }
 
 // Per-thread scratch floats of chunk_lut_avx2: chain sums [block][pair][m][pair floats], the
-// strip's index bytes [row group][pair][32] and tables [group][pair][lo 32, hi 32].
+// strip's index bytes [row group][pair][32] and each block's tables of the strip's groups
+// [block][group][pair][lo 32, hi 32].
 template <Dtype D>
 inline int64_t lut_avx2_scratch_floats(int64_t size_m) {
   return kChunkBlocks * kLutPairs * size_m * lut_avx2_pair_floats<D>() +
-         (kLutRowGroups * kLutPairs * 32 + kLutRowGroups * kLutPairs * 64) / 4 + 16;
+         (kLutRowGroups * kLutPairs * 32 + kChunkBlocks * kLutRowGroups * kLutPairs * 64) / 4 +
+         16;
 }
 
 // bf16 only: x rearranged per 16-row group t into the four chain operands of the lookup, each
@@ -403,14 +405,14 @@ W4K_AWQ_AVX2 inline void lut_avx2_indices(const int32_t* q, int64_t ldq, int64_t
   }
 }
 
-
 // MR rows of x, one column pair, row groups t = 0 .. nt - 1 of a strip (idx: the strip's index
-// bytes of this pair, row group stride kLutPairs * 32; tab[t]: the pair's tables for row group
-// t): the chain sums acc [m][pair floats] continued. bf16: xe = lut_avx2_bf16_x's rows at the
-// strip's first row group (row stride ldxe floats); fp16: xf at the strip's first row (ldx).
+// bytes of this pair, row group stride kLutPairs * 32; tab + tab_off[t]: the pair's tables for
+// row group t): the chain sums acc [m][pair floats] continued. x, row stride ldx: bf16:
+// lut_avx2_bf16_x's rows at the strip's first row group; fp16: xf at the strip's first row.
 template <Dtype D, int MR>
-W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* const* tab, int64_t nt,
-                                       const float* x, int64_t ldx, float* acc) {
+W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* tab,
+                                       const int64_t* tab_off, int64_t nt, const float* x,
+                                       int64_t ldx, float* acc) {
   constexpr int kV = D == Dtype::kBFloat16 ? 2 : 4;  // ymm of chain sums per row
   __m256 c[MR][kV];
   for (int m = 0; m < MR; ++m)
@@ -419,10 +421,11 @@ W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* const*
   for (int64_t t = 0; t < nt; ++t) {
     const __m256i i =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + t * kLutPairs * 32));
-    const __m256i lo = _mm256_shuffle_epi8(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[t])), i);
-    const __m256i hi = _mm256_shuffle_epi8(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[t] + 32)), i);
+    const uint8_t* tt = tab + tab_off[t];
+    const __m256i lo =
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tt)), i);
+    const __m256i hi =
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tt + 32)), i);
     const __m256i wa = _mm256_unpacklo_epi8(lo, hi);  // [c rows 0-7 | c + 4 rows 0-7]
     const __m256i wb = _mm256_unpackhi_epi8(lo, hi);  // rows 8-15
     if constexpr (D == Dtype::kBFloat16) {
@@ -470,36 +473,44 @@ W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_be
   uint8_t* idx = reinterpret_cast<uint8_t*>(acc + kChunkBlocks * kLutPairs * M * kPF);
   uint8_t* tabs = idx + kLutRowGroups * kLutPairs * 32;
   std::memset(acc, 0, sizeof(float) * nblocks * kLutPairs * M * kPF);
-  const uint8_t* tab_of[kLutRowGroups];
+  constexpr int64_t kTabBytes = kLutRowGroups * kLutPairs * 64;  // one block's tables
+  int64_t tab_off[kLutRowGroups];  // row group t's tables: (its group - g0) * kLutPairs * 64
+  int64_t built[kChunkBlocks];     // the one group whose tables a block keeps (-1: none)
+  std::fill(built, built + kChunkBlocks, -1);
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
     const int64_t nt = std::min(kStripK, pb.size_k - k0) / 16;  // K is a multiple of 16
-    const int64_t g0 = k0 / group_size;
+    const int64_t g0 = k0 / group_size, g1 = (k0 + 16 * nt - 1) / group_size;
+    for (int64_t t = 0; t < nt; ++t)
+      tab_off[t] = ((k0 + 16 * t) / group_size - g0) * kLutPairs * 64;
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = n_begin + b * kBlockN;
       const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
-      for (int64_t g = g0; g <= (k0 + 16 * nt - 1) / group_size; ++g)
-        lut_avx2_tables<D>(pb, g, n0, words, tabs + (g - g0) * kLutPairs * 64);
+      uint8_t* tab = tabs + b * kTabBytes;
+      // a group longer than the strip keeps its tables for the next strips
+      if (g0 != g1 || built[b] != g0)
+        for (int64_t g = g0; g <= g1; ++g)
+          lut_avx2_tables<D>(pb, g, n0, words, tab + (g - g0) * kLutPairs * 64);
+      built[b] = g0 == g1 ? g0 : -1;
       const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
       for (int64_t t = 0; t < nt; ++t)
         lut_avx2_indices(q + 16 * t * ldq, ldq, words, idx + t * kLutPairs * 32);
       const float* xs = x + (kBf16 ? 2 * k0 : k0);
       for (int64_t p = 0; p < 4 * words; ++p) {
-        for (int64_t t = 0; t < nt; ++t)
-          tab_of[t] = tabs + ((k0 + 16 * t) / group_size - g0) * kLutPairs * 64 + p * 64;
+        const uint8_t* tp = tab + p * 64;
         float* a = acc + (b * kLutPairs + p) * M * kPF;
         const uint8_t* ip = idx + p * 32;
         int64_t m = 0;
         if constexpr (kBf16) {  // up to 4 rows at once (8 chain sums in registers)
           switch (M) {
-            case 4: lut_avx2_pair<D, 4>(ip, tab_of, nt, xs, ldx, a); break;
-            case 3: lut_avx2_pair<D, 3>(ip, tab_of, nt, xs, ldx, a); break;
-            case 2: lut_avx2_pair<D, 2>(ip, tab_of, nt, xs, ldx, a); break;
-            default: lut_avx2_pair<D, 1>(ip, tab_of, nt, xs, ldx, a); break;
+            case 4: lut_avx2_pair<D, 4>(ip, tp, tab_off, nt, xs, ldx, a); break;
+            case 3: lut_avx2_pair<D, 3>(ip, tp, tab_off, nt, xs, ldx, a); break;
+            case 2: lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xs, ldx, a); break;
+            default: lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xs, ldx, a); break;
           }
         } else {  // 2 rows at once (16 chain sums would not fit the 16 ymm)
           for (; m + 2 <= M; m += 2)
-            lut_avx2_pair<D, 2>(ip, tab_of, nt, xs + m * ldx, ldx, a + m * kPF);
-          if (m < M) lut_avx2_pair<D, 1>(ip, tab_of, nt, xs + m * ldx, ldx, a + m * kPF);
+            lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
+          if (m < M) lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
         }
       }
     }

@@ -714,26 +714,17 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         const int32_t* sqr = sq + r * p.num_blocks;
         float* cr = c + r * ldc;
         const RowPrefetch pf = tile_prefetch();
-        if (awq && t == 0 && ch == pair0) {  // decodes the pair's panels (tile_awq_a8)
-          const int32_t* words = p.qweight + k0 * (p.size_n / 8) + 8 * ch;
-          uint8_t* panel1 = ch + 1 < ch1 ? panel + panel_bytes : nullptr;
+        // AWQ: the pair's first tile decodes its panels (tile_awq_a8); the others read them
+        const bool decode = awq && t == 0 && ch == pair0;
+        const int32_t* words = p.qweight + k0 * (p.size_n / 8) + 8 * ch;
+        uint8_t* panel1 = ch + 1 < ch1 ? panel + panel_bytes : nullptr;
 #define W4K_A8_CASE(n)                                                                   \
   case n:                                                                                \
-    tile_awq_a8<n>(words, p.size_n / 8, panel, panel1, nq, qr, p.lda_q, sr, sqr,         \
-                   p.num_blocks, sw, z, cr, ldc, pf);                                   \
-    break;
-          switch (n) {
-            W4K_A8_CASE(6) W4K_A8_CASE(5) W4K_A8_CASE(4) W4K_A8_CASE(3) W4K_A8_CASE(2)
-            W4K_A8_CASE(1)
-            default: break;
-          }
-#undef W4K_A8_CASE
-          r += n;
-          continue;
-        }
-#define W4K_A8_CASE(n)                                                                   \
-  case n:                                                                                \
-    tile_a8<n>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc, pf);       \
+    if (decode)                                                                          \
+      tile_awq_a8<n>(words, p.size_n / 8, panel, panel1, nq, qr, p.lda_q, sr, sqr,       \
+                     p.num_blocks, sw, z, cr, ldc, pf);                                 \
+    else                                                                                 \
+      tile_a8<n>(panel, nq, qr, p.lda_q, sr, sqr, p.num_blocks, sw, z, cr, ldc, pf);     \
     break;
         switch (n) {
           W4K_A8_CASE(6) W4K_A8_CASE(5) W4K_A8_CASE(4) W4K_A8_CASE(3) W4K_A8_CASE(2)
