@@ -1,7 +1,8 @@
 """awq_gemm on the CPU: every kernel path gives the same bits, on the shapes that pick each path.
 
 The CPU kernel (csrc/cpu/awq_gemm_cpu.h) has, per activation dtype and ISA:
-  * M <= 4, K and group size multiples of 16: the table-lookup decode path (K in lanes);
+  * M <= 8 (bf16) or 4 (fp16), K and group size multiples of 16: the table-lookup decode path
+    (K in lanes);
   * otherwise the tile path (a K strip of 64 columns decoded once, 6-row micro-kernel);
 and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX2) that performs the
 same roundings and the same fma chain per output, so the bits must agree. The AVX2 path
@@ -50,7 +51,12 @@ CASES = [
     (3, 128, 136, 128, torch.bfloat16),    # lookup path, N = 136: a 1-word tail
     (4, 512, 64, 128, torch.bfloat16),     # lookup path, M = 4
     (1, 11008, 192, 128, torch.bfloat16),  # lookup path, K = 11008 (86 groups)
-    (5, 11008, 192, 128, torch.bfloat16),  # tile path, K = 11008, 43 strips of 256 rows
+    (9, 11008, 192, 128, torch.bfloat16),  # tile path, K = 11008, 43 strips of 256 rows
+    (5, 11008, 192, 128, torch.bfloat16),  # lookup path at 5-8 rows (bf16): 1-line items
+    (6, 256, 1088, 64, torch.bfloat16),    # lookup path, 9 work items, 1-word tail
+    (7, 1040, 136, 1040, torch.bfloat16),  # lookup path, one group of 1040 rows, 1-word tail
+    (8, 512, 320, 32, torch.bfloat16),     # lookup path, M = 8 (AVX2: two passes of 4 rows)
+    (5, 512, 320, 32, torch.float16),      # fp16 from 5 rows: tile path
     (1, 11008, 192, 128, torch.float16),   # tile path (fp16), K = 11008
     (3, 200, 136, 40, torch.bfloat16),     # tile path at small M: group size not a multiple of 16
     (2, 105, 64, 35, torch.bfloat16),      # tile path, K odd: the last bf16 pair is (x, 0)
@@ -82,7 +88,7 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     simd1 = _run(monkeypatch, "avx512", 1, x, qw, s, qz)
     avx2_2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
     avx2_1 = _run(monkeypatch, "avx2", 1, x, qw, s, qz)
-    # at M <= 4 the AVX2 path sums the lookup order by vpshufb table lookups; the knob selects
+    # in the lookup order the AVX2 path sums by vpshufb table lookups; the knob selects
     # its fp32 strip decode in the same order
     monkeypatch.setenv("W4K_AWQ_AVX2_LOOKUP", "0")
     avx2_strip = _run(monkeypatch, "avx2", 2, x, qw, s, qz)

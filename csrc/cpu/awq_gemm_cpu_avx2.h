@@ -266,8 +266,8 @@ W4K_AWQ_AVX2 void chunk_avx2(const Problem& pb, const float* xf, int64_t n_begin
   }
 }
 
-// ---- Lookup order by table lookups (lut_path_applies: M <= kLutMaxM, K and groups multiples
-// of 16) ----
+// ---- Lookup order by table lookups (lut_path_applies: M <= 8 bf16 / 4 fp16, K and groups
+// multiples of 16) ----
 // Per (group, column) the 16 possible weights T(fma(q, s, (-z) s)), rounded as
 // avx2_decode_strip rounds them, become two 16-byte vpshufb tables: the low and the high bytes
 // of their bits. The nibbles of 16 rows are transposed to index bytes, one ymm per column pair
@@ -459,8 +459,8 @@ W4K_AWQ_AVX2 inline void lut_avx2_pair(const uint8_t* idx, const uint8_t* tab,
     for (int v = 0; v < kV; ++v) _mm256_storeu_ps(acc + m * 8 * kV + 8 * v, c[m][v]);
 }
 
-// chunk_avx2 in lookup order by table lookups: columns [n_begin, n_end), all M (<= kLutMaxM)
-// rows. x: bf16: lut_avx2_bf16_x of the activations; fp16: xf.
+// chunk_avx2 in lookup order by table lookups: columns [n_begin, n_end), all M (<= 8 bf16,
+// 4 fp16) rows. x: bf16: lut_avx2_bf16_x of the activations; fp16: xf.
 template <Dtype D>
 W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_begin,
                                  int64_t n_end, float* scratch) {
@@ -501,11 +501,15 @@ W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_be
         const uint8_t* ip = idx + p * 32;
         int64_t m = 0;
         if constexpr (kBf16) {  // up to 4 rows at once (8 chain sums in registers)
-          switch (M) {
-            case 4: lut_avx2_pair<D, 4>(ip, tp, tab_off, nt, xs, ldx, a); break;
-            case 3: lut_avx2_pair<D, 3>(ip, tp, tab_off, nt, xs, ldx, a); break;
-            case 2: lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xs, ldx, a); break;
-            default: lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xs, ldx, a); break;
+          for (; m + 4 <= M; m += 4)
+            lut_avx2_pair<D, 4>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
+          const float* xm = xs + m * ldx;
+          float* am = a + m * kPF;
+          switch (M - m) {
+            case 3: lut_avx2_pair<D, 3>(ip, tp, tab_off, nt, xm, ldx, am); break;
+            case 2: lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xm, ldx, am); break;
+            case 1: lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xm, ldx, am); break;
+            default: break;
           }
         } else {  // 2 rows at once (16 chain sums would not fit the 16 ymm)
           for (; m + 2 <= M; m += 2)

@@ -8,8 +8,8 @@
 namespace w4k {
 namespace awq_cpu {
 
-// For M <= kLutMaxM rows the tile path's per-element work (convert, fma, round, pair) costs
-// more than streaming the weight. This path instead:
+// For M <= kLutMaxMBf16 / kLutMaxMFp16 rows the tile path's per-element work (convert, fma,
+// round, pair) costs more than streaming the weight. This path instead:
 //  * reads a strip of rows of one 64-byte line (16 words = 128 columns) and transposes each
 //    16-row tile so that register T_w holds word w of rows 0..15 (one dword per row);
 //  * bf16: pairs the rows of T_w within each 16-bit unit with one vpshufb (dword 4a + d: unit
@@ -24,8 +24,8 @@ namespace awq_cpu {
 //    fp32 x (lut_rows_fp16).
 // Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
 // takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
-// lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 4
-// and group_size and K are multiples of 16 (tiles never straddle a group).
+// lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 8
+// (bf16) or 4 (fp16) and group_size and K are multiples of 16 (tiles never straddle a group).
 constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
 constexpr int64_t kLutStrip = 128;     // rows per strip (a multiple of 16; cut at groups)
 constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
@@ -33,11 +33,18 @@ constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums sta
 // longer row segments help; 1 above, where the lane sums of 48 rows need the room.
 inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 
-// Measured (bench_cpu_gemm.py, 4096x4096): above M = 4 the tile path, which decodes a weight
-// tile once for all rows, is faster than looking the weights up again per 8 rows.
-constexpr int64_t kLutMaxM = 4;
-inline bool lut_path_applies(int64_t size_m, int64_t size_k, int64_t group_size) {
-  return size_m <= kLutMaxM && size_k % 16 == 0 && group_size % 16 == 0;
+// Rows up to which the lookup path runs. Measured (one thread, CPU time, weights rotated, the
+// old limit 4 against the new one alternating; 4096x4096 unless stated): bf16 at M = 5 / 6 / 8
+// 1.37-1.39 / 1.19-1.27 / 1.14-1.22x faster than the tile path (11008x4096 M = 8: 1.07-1.17x;
+// 4096x11008 M = 6: 1.19-1.22x), the AVX2 lookups 1.14-1.22x at M = 5-8; at M = 10 0.88-0.94x,
+// M = 16 0.86x. fp16 stays at 4: on AVX-512 1.08-1.22x at M = 5-7 and level at 8, but on AVX2
+// 0.91-0.94x at M = 5-8 (the order must be the same on every ISA: the bits). Before
+// 2026-11-25 (the lookup path's prefetching and strips) the tile path was faster from M = 5.
+constexpr int64_t kLutMaxMBf16 = 8;
+constexpr int64_t kLutMaxMFp16 = 4;
+inline bool lut_path_applies(int64_t size_m, int64_t size_k, int64_t group_size, bool bf16) {
+  return size_m <= (bf16 ? kLutMaxMBf16 : kLutMaxMFp16) && size_k % 16 == 0 &&
+         group_size % 16 == 0;
 }
 
 // Scratch floats of the LUT path per thread.
