@@ -186,8 +186,7 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // in the order of the portable path the shape selects; x widened to fp32 once (exact).
 template <awq_cpu::Dtype D>
 void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
-  const bool lut_order = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups,
-                                             D == awq_cpu::Dtype::kBFloat16);
+  const bool lut_order = awq_cpu::lut_path_applies<D>(pb);
   std::vector<float> xbuf;
   if (xf == nullptr) {  // bf16: the widening is exact
     xbuf.resize(pb.size_m * pb.size_k);
@@ -228,8 +227,7 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
   const bool simd = isa == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
                     __builtin_cpu_supports("avx512vbmi");
   if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, xf);
-  const bool lut = awq_cpu::lut_path_applies(pb.size_m, pb.size_k, pb.size_k / pb.groups,
-                                             D == awq_cpu::Dtype::kBFloat16);
+  const bool lut = awq_cpu::lut_path_applies<D>(pb);
   // Work items: (column chunk, block of rows of x).
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
                                  : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;

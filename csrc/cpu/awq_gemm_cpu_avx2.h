@@ -499,23 +499,21 @@ W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_be
         const uint8_t* tp = tab + p * 64;
         float* a = acc + (b * kLutPairs + p) * M * kPF;
         const uint8_t* ip = idx + p * 32;
+        // Rows in passes of kRows, then the rest (a row's chain sums take 2 ymm for bf16, 4 for
+        // fp16, of the 16).
+        constexpr int64_t kRows = kBf16 ? 4 : 2;
         int64_t m = 0;
-        if constexpr (kBf16) {  // up to 4 rows at once (8 chain sums in registers)
-          for (; m + 4 <= M; m += 4)
-            lut_avx2_pair<D, 4>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
-          const float* xm = xs + m * ldx;
-          float* am = a + m * kPF;
-          switch (M - m) {
-            case 3: lut_avx2_pair<D, 3>(ip, tp, tab_off, nt, xm, ldx, am); break;
-            case 2: lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xm, ldx, am); break;
-            case 1: lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xm, ldx, am); break;
-            default: break;
-          }
-        } else {  // 2 rows at once (16 chain sums would not fit the 16 ymm)
-          for (; m + 2 <= M; m += 2)
-            lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
-          if (m < M) lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
+        for (; m + kRows <= M; m += kRows)
+          lut_avx2_pair<D, kRows>(ip, tp, tab_off, nt, xs + m * ldx, ldx, a + m * kPF);
+        const float* xm = xs + m * ldx;
+        float* am = a + m * kPF;
+        if constexpr (kRows > 3) {
+          if (M - m == 3) lut_avx2_pair<D, 3>(ip, tp, tab_off, nt, xm, ldx, am);
         }
+        if constexpr (kRows > 2) {
+          if (M - m == 2) lut_avx2_pair<D, 2>(ip, tp, tab_off, nt, xm, ldx, am);
+        }
+        if (M - m == 1) lut_avx2_pair<D, 1>(ip, tp, tab_off, nt, xm, ldx, am);
       }
     }
   }

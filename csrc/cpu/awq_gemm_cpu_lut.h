@@ -42,9 +42,10 @@ inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 // 2026-11-25 (the lookup path's prefetching and strips) the tile path was faster from M = 5.
 constexpr int64_t kLutMaxMBf16 = 8;
 constexpr int64_t kLutMaxMFp16 = 4;
-inline bool lut_path_applies(int64_t size_m, int64_t size_k, int64_t group_size, bool bf16) {
-  return size_m <= (bf16 ? kLutMaxMBf16 : kLutMaxMFp16) && size_k % 16 == 0 &&
-         group_size % 16 == 0;
+template <Dtype D>
+inline bool lut_path_applies(const Problem& pb) {
+  const int64_t max_m = D == Dtype::kBFloat16 ? kLutMaxMBf16 : kLutMaxMFp16;
+  return pb.size_m <= max_m && pb.size_k % 16 == 0 && (pb.size_k / pb.groups) % 16 == 0;
 }
 
 // Scratch floats of the LUT path per thread.
