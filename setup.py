@@ -129,6 +129,10 @@ c_nvcc = [
     "-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xptxas", "-v",
     "-Xptxas", "-warn-spills", "-Xcompiler", "-fopenmp",
 ]
+# W4K_L2_CACHE_HINTS=0: build the GEMMs' weight copies without their L2 evict_first hint (the
+# escape hatch, should a GPU fault on the hinted copies: csrc/kernels/ptx.cuh). Default: on.
+L2_CACHE_HINTS = os.environ.get("W4K_L2_CACHE_HINTS", "1") != "0"
+c_nvcc.append(f"-DW4K_L2_CACHE_HINTS={int(L2_CACHE_HINTS)}")
 if WITH_CUDA:
     c_sources += _rel("csrc/cuda/*.cu")
     c_defines.append(("W4K_WITH_CUDA", "1"))

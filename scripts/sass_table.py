@@ -49,6 +49,11 @@ def main():
             if not KERNEL_RE.search(name):
                 continue
             loops = sass_stats.loops_of(insns, work_re)
+            # Innermost loops only: a back edge around several main loops (ptxas lays some
+            # builds out so, e.g. -DW4K_L2_CACHE_HINTS=1) is not a main loop itself.
+            loops = [lp for lp in loops
+                     if not any(o is not lp and o["work"] and lp["head"] <= o["head"]
+                                and o["tail"] <= lp["tail"] for o in loops)]
             most = max((lp["work"] for lp in loops), default=0)
             ratios = []
             for lp in loops:

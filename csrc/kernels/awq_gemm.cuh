@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
   // Between k-tiles; int, so that the advance is one IMAD.WIDE (launch_awq_gemm checks the range).
   const int b_gl_rd_delta_t = static_cast<int>(C::kTileK * p.ldq);
   int b_k_left = static_cast<int>(p.size_k - k_begin) - b_row;  // visit v copied if > v * sweep
-  const int b_sh_wr = (b_row * C::kBRowWords + 4 * b_u) * 4;
+  const ptx::HintDst b_sh_wr = ptx::hint_dst(sh_bytes + (b_row * C::kBRowWords + 4 * b_u) * 4);
 
   // A: visit v = row a_row + v * kARowsPerSweep, chunks j * kATpr + a_u. Rows >= M copy zeros
   // (zfill) from valid row 0.
@@ -392,8 +392,9 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
                : reinterpret_cast<const char*>(p.qzeros + g_first * p.ldz +
                                                min(n_word0 + 4 * sz_chunk, p.ldz - 4));
   const int sz_gl_rd_delta_g = static_cast<int>(s_copier ? p.size_n * 2 : p.ldz * 4);  // bytes
-  const int sz_sh_wr = s_copier ? C::kSOffset + sz_row * C::kTileN * 2 + 16 * sz_chunk
-                                : C::kZOffset + sz_row * C::kWordsN * 4 + 16 * sz_chunk;
+  const ptx::HintDst sz_sh_wr =
+      ptx::hint_dst(sh_bytes + (s_copier ? C::kSOffset + sz_row * C::kTileN * 2 + 16 * sz_chunk
+                                         : C::kZOffset + sz_row * C::kWordsN * 4 + 16 * sz_chunk));
 
   // General path: thread tid < kTileK tracks the group of row k = (fetched tile) * kTileK + tid
   // (tile_g, tile_off: kTileK = tile_g * group_size + tile_off, divided once).
@@ -426,7 +427,8 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
 #pragma unroll
           for (int j = 0; j < C::kBCpt; ++j)
             ptx::cp_async16_cg_hint(
-                st + b_sh_wr + (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
+                b_sh_wr + slot * C::kStageBytes +
+                    (v * C::kBRowsPerSweep * C::kBRowWords + 4 * j * C::kBTpr) * 4,
                 b_gl_rd[v] + 4 * j * C::kBTpr, policy);
         }
         b_gl_rd[v] += b_gl_rd_delta_t;
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
       }
       a_k_left -= C::kTileK;
       if (C::kGroupPerTile) {
-        if (sz_copier) ptx::cp_async16_cg_hint(st + sz_sh_wr, sz_gl_rd, policy);
+        if (sz_copier) ptx::cp_async16_cg_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd, policy);
         if (C::kGroupRows > 1) {
           sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
         } else {

@@ -187,18 +187,24 @@ W4K_PTX void cp_async16_cg_zfill(void* smem, const void* glob, bool pred) {
                :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0) : "memory");
 #endif
 }
-// L2 cache hints on the streamed weights: compiled out unless W4K_L2_CACHE_HINTS=1.
-// On an H100 (driver 580.159, nvcc 13.0, sm_90 code) every cp.async with .L2::cache_hint that
-// ptxas gave a shared address of the form [R + UR] (stage base in a uniform register) was
-// encoded with its 64-bit policy descriptor in an odd uniform register (desc[UR1] in SASS) and
-// faulted with "an illegal instruction was encountered" (compute-sanitizer: the awq_gemm and
-// w4a16_gemm weight copies), with the policy made once per kernel or inside each copy's asm
-// (Marlin's form) alike. Small kernels whose addresses stay in plain registers ran. Without the
-// hint the copies are plain cp.async.cg and every kernel passed the cuda tests and
-// compute-sanitizer there (2026-11-24). The hint only orders L2 eviction: results do not
-// depend on it. The emulator executes the hinted forms either way (the hint is a no-op there).
+// L2 cache hints on the streamed weights (evict_first), on unless built with
+// W4K_L2_CACHE_HINTS=0 (setup.py passes the environment variable of that name to nvcc).
+// The first H100 run (driver 580.159, nvcc 13.0, sm_90 code, 2026-11-24) failed every GEMM with
+// "an illegal instruction was encountered" at the hinted weight copies. The cause, read off the
+// SASS since (and reported the same for Marlin with nvcc 13.1): where ptxas forms a hinted
+// copy's shared address as [R + UR + imm] (the stage base in a uniform register), the LDGSTS
+// names its cache-policy descriptor as desc[UR1], a uniform register nothing in the kernel
+// writes. Where ptxas does materialize the descriptor it is a constant
+// (createpolicy.fractional.L2::evict_first 1.0 becomes 0x12f00000'00000000). So the hinted
+// copies take their shared destination as a HintDst made once per kernel by hint_dst(), whose
+// address passes through a shfl (one instruction at the kernel's start): ptxas cannot split it
+// into a uniform base and a per-thread offset, uses [R + imm] and materializes the descriptor
+// (0 such LDGSTS in the build, 713 before). tests/test_cuda_sass.py checks on the compiled SASS
+// that no global load of any kernel names a descriptor register the kernel never writes. The
+// hint only orders L2 eviction: results do not depend on it (the emulator executes the hinted
+// forms as plain copies).
 #ifndef W4K_L2_CACHE_HINTS
-#define W4K_L2_CACHE_HINTS 0
+#define W4K_L2_CACHE_HINTS 1
 #endif
 
 // An L2 cache policy that marks lines for eviction first: for data read once (streamed
@@ -212,30 +218,49 @@ W4K_PTX uint64_t createpolicy_evict_first() {
   return policy;
 #endif
 }
-// 16 bytes, bypassing L1, with an L2 cache policy (from createpolicy_*) on the global read.
-W4K_PTX void cp_async16_cg_hint(void* smem, const void* glob, uint64_t policy) {
+
+// Shared destination of a hinted copy: a pointer under the emulator, a 32-bit shared address
+// on the GPU; either moves on by adding a byte offset (hint_dst(p) + 512).
 #if W4K_SIMT
+using HintDst = char*;
+#else
+using HintDst = uint32_t;
+#endif
+// Made once per kernel from a thread's shared pointer (see the note above).
+W4K_PTX HintDst hint_dst(void* p) {
+#if W4K_SIMT
+  return static_cast<char*>(p);
+#elif W4K_L2_CACHE_HINTS
+  return __shfl_sync(0xffffffffu, smem_addr(p), static_cast<int>(threadIdx.x) & 31);
+#else
+  return smem_addr(p);
+#endif
+}
+
+// 16 bytes, bypassing L1, with an L2 cache policy (from createpolicy_*) on the global read.
+W4K_PTX void cp_async16_cg_hint(HintDst smem, const void* glob, uint64_t policy) {
   (void)policy;
+#if W4K_SIMT
   simt::cp_async("cp.async.cg 16 (L2 hint)", smem, glob, 16, false);
 #elif !W4K_L2_CACHE_HINTS
-  (void)policy;
-  cp_async16_cg(smem, glob);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+               :: "r"(smem), "l"(glob) : "memory");
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-               :: "r"(smem_addr(smem)), "l"(glob), "l"(policy) : "memory");
+               :: "r"(smem), "l"(glob), "l"(policy) : "memory");
 #endif
 }
 // cp_async16_cg_zfill with an L2 cache policy (from createpolicy_*) on the global read.
-W4K_PTX void cp_async16_cg_zfill_hint(void* smem, const void* glob, bool pred, uint64_t policy) {
-#if W4K_SIMT
+W4K_PTX void cp_async16_cg_zfill_hint(HintDst smem, const void* glob, bool pred, uint64_t policy) {
   (void)policy;
+#if W4K_SIMT
   simt::cp_async("cp.async.cg 16 (zfill, L2 hint)", smem, glob, 16, !pred);
 #elif !W4K_L2_CACHE_HINTS
-  (void)policy;
-  cp_async16_cg_zfill(smem, glob, pred);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(smem), "l"(glob), "r"(pred ? 16 : 0) : "memory");
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
-               :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0), "l"(policy) : "memory");
+               :: "r"(smem), "l"(glob), "r"(pred ? 16 : 0), "l"(policy) : "memory");
 #endif
 }
 // 4 bytes, cached in L1 (cp.async.cg only supports 16).

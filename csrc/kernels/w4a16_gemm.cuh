@@ -527,7 +527,8 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
   const uint32_t* b_gl_rd = p.b_q_weight +
                             static_cast<int64_t>(stage_begin * kStageKTiles + t / 32) * b_gl_stride +
                             n_blk * 256 + 4 * (t % 32);
-  const int b_sh_wr = L::kBOffset + (t / 32) * kBKTileBytes + 16 * (t % 32);
+  const ptx::HintDst b_sh_wr =
+      ptx::hint_dst(smem + L::kBOffset + (t / 32) * kBKTileBytes + 16 * (t % 32));
   // Rows of K left from the stage being fetched on: the copies' bounds (a partial last stage
   // is zero-filled) are one compare of a thread constant against it.
   int k_left = p.size_k - stage_begin * kStageK;
@@ -600,8 +601,8 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
                                  a_gl_rd + kALag * ahead * kStageK + i * a_gl_rd_delta_i,
                                  a_col_threshold[i] < k_left);
       }
-      ptx::cp_async16_cg_zfill_hint(s + b_sh_wr, b_gl_rd, b_kt_row < k_left, evict_first);
-      ptx::cp_async16_cg_zfill_hint(s + b_sh_wr + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st, b_gl_rd, b_kt_row < k_left, evict_first);
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
                                     evict_first);
       if constexpr (kGrouped) {
         if (s_copier || z_copier)

@@ -15,8 +15,9 @@ __global__ void all_wrappers(const int4* g, float* out, int* locks, uint32_t sel
   ptx::cp_async16_cg_zfill(&sh[t + 96], &g[t], t & 2);
   ptx::cp_async4_ca(reinterpret_cast<int*>(&sh[t + 128]), reinterpret_cast<const int*>(g));
   const uint64_t policy = ptx::createpolicy_evict_first();
-  ptx::cp_async16_cg_hint(&sh[t + 160], &g[t], policy);
-  ptx::cp_async16_cg_zfill_hint(&sh[t + 192], &g[t], t & 4, policy);
+  const ptx::HintDst dst = ptx::hint_dst(&sh[t + 160]);
+  ptx::cp_async16_cg_hint(dst, &g[t], policy);
+  ptx::cp_async16_cg_zfill_hint(dst + 32 * 16, &g[t], t & 4, policy);
   ptx::cp_async_commit_group();
   ptx::cp_async_wait_group<1>();
   ptx::cp_async_wait_group<0>();
