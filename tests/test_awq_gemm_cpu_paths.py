@@ -1,7 +1,7 @@
 """awq_gemm on the CPU: every kernel path gives the same bits, on the shapes that pick each path.
 
 The CPU kernel (csrc/cpu/awq_gemm_cpu.h) has, per activation dtype and ISA:
-  * M <= 8 (bf16) or 4 (fp16), K and group size multiples of 16: the table-lookup decode path
+  * M <= 8 (bf16) or 7 (fp16), K and group size multiples of 16: the table-lookup decode path
     (K in lanes);
   * otherwise the tile path (a K strip of 64 columns decoded once, 6-row micro-kernel);
 and a portable mirror of each (W4K_CPU_ISA=scalar, or a CPU without AVX2) that performs the
@@ -56,7 +56,10 @@ CASES = [
     (6, 256, 1088, 64, torch.bfloat16),    # lookup path, 9 work items, 1-word tail
     (7, 1040, 136, 1040, torch.bfloat16),  # lookup path, one group of 1040 rows, 1-word tail
     (8, 512, 320, 32, torch.bfloat16),     # lookup path, M = 8 (AVX2: two passes of 4 rows)
-    (5, 512, 320, 32, torch.float16),      # fp16 from 5 rows: tile path
+    (8, 512, 320, 32, torch.float16),      # fp16 from 8 rows: tile path
+    (5, 512, 320, 32, torch.float16),      # fp16 lookup at 5-7 rows (AVX2: passes of 3 rows, 3+2)
+    (6, 256, 1088, 64, torch.float16),     # fp16 lookup, 3+3 rows, 9 work items, 1-word tail
+    (7, 1040, 136, 1040, torch.float16),   # fp16 lookup, 3+3+1 rows, one group of 1040 rows
     (1, 11008, 192, 128, torch.float16),   # tile path (fp16), K = 11008
     (3, 200, 136, 40, torch.bfloat16),     # tile path at small M: group size not a multiple of 16
     (2, 105, 64, 35, torch.bfloat16),      # tile path, K odd: the last bf16 pair is (x, 0)
@@ -155,10 +158,10 @@ def test_awq_gemm_cpu_lookup_path_summation_order(monkeypatch):
     assert golden.same_bits(full[:, -128:], part)
 
 
-@pytest.mark.parametrize("size_m", [2, 5])
+@pytest.mark.parametrize("size_m", [2, 8])
 def test_awq_gemm_cpu_fp16_denormal_weights_bit_identical(monkeypatch, size_m):
     """Scales of 1e-6..1e-5 make most fp16 weights denormal (< 2^-14): the portable rounding
-    (round_half) must match vcvtps2ph there too, on the lookup (M = 2) and tile (M = 5) paths."""
+    (round_half) must match vcvtps2ph there too, on the lookup (M = 2) and tile (M = 8) paths."""
     qw, s, qz = _awq(256, 128, 64, torch.float16, seed=size_m)
     s = (s.float() * 5e-4).half()
     assert (s.abs() < 2.0**-14).all()
@@ -172,11 +175,11 @@ def test_awq_gemm_cpu_fp16_denormal_weights_bit_identical(monkeypatch, size_m):
     assert_gemm_close(simd, x.double() @ w.double(), x, w)
 
 
-@pytest.mark.parametrize("size_m", [1, 7])
+@pytest.mark.parametrize("size_m", [1, 9])
 def test_awq_gemm_cpu_avx2_bf16_weight_rounding_edges(monkeypatch, size_m):
     """The AVX2 path rounds bf16 weights in integer ops: it must match round_bf16 (= what
     vcvtne2ps2bf16 does) where that is not plain RNE: a denormal scale (weights below FLT_MIN
-    become signed zeros) and a NaN scale (a quiet NaN), on the lookup (M = 1) and tile (M = 7)
+    become signed zeros) and a NaN scale (a quiet NaN), on the lookup (M = 1) and tile (M = 9)
     orders. Compared with the portable path only: vdpbf16ps would also flush denormal sums."""
     qw, s, qz = _awq(128, 128, 32, torch.bfloat16, seed=11 + size_m)
     s[1] = (s[1].float() * 1e-37).bfloat16()  # denormal scales: weights below FLT_MIN flush

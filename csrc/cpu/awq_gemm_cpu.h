@@ -3,7 +3,7 @@
 //
 // Torch-free: raw pointers and sizes; the binding (awq.cpp) checks the tensors and runs
 // chunk_avx512 / chunk_scalar (this file, the tile path) or chunk_lut / chunk_lut_scalar
-// (awq_gemm_cpu_lut.h, the lookup path for M <= 8 bf16 / 4 fp16) over work items on its threads.
+// (awq_gemm_cpu_lut.h, the lookup path for M <= 8 bf16 / 7 fp16) over work items on its threads.
 //
 // Numerics of the tile path (README "Numerics"; identical on every ISA path, and independent of
 // threads and of the K strips, because every output column is summed by one chain in one fixed

@@ -25,7 +25,7 @@ namespace awq_cpu {
 // Summation order (the portable path mirrors it): bf16: column n has 8 fp32 lane sums; lane j
 // takes rows 16t + 2j + 1 then 16t + 2j, t = 0, 1, ..., K/16 - 1, by fma; fp16: 16 lane sums,
 // lane j takes row 16t + j; then out = ((a0 + a1) + a2) + ... in lane order. Used when M <= 8
-// (bf16) or 4 (fp16) and group_size and K are multiples of 16 (tiles never straddle a group).
+// (bf16) or 7 (fp16) and group_size and K are multiples of 16 (tiles never straddle a group).
 constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
 constexpr int64_t kLutStrip = 128;     // rows per strip (a multiple of 16; cut at groups)
 constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
@@ -37,11 +37,14 @@ inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 // old limit 4 against the new one alternating; 4096x4096 unless stated): bf16 at M = 5 / 6 / 8
 // 1.37-1.39 / 1.19-1.27 / 1.14-1.22x faster than the tile path (11008x4096 M = 8: 1.07-1.17x;
 // 4096x11008 M = 6: 1.19-1.22x), the AVX2 lookups 1.14-1.22x at M = 5-8; at M = 10 0.88-0.94x,
-// M = 16 0.86x. fp16 stays at 4: on AVX-512 1.08-1.22x at M = 5-7 and level at 8, but on AVX2
-// 0.91-0.94x at M = 5-8 (the order must be the same on every ISA: the bits). Before
-// 2026-11-25 (the lookup path's prefetching and strips) the tile path was faster from M = 5.
+// M = 16 0.86x. fp16 up to 7 (2026-11-25, the AVX2 lookups' fp16 rows in passes of 3 instead of
+// 2): AVX-512 1.20-1.25 / 1.10-1.14 / 1.05-1.09x at M = 5 / 6 / 7 (4096x11008: 1.20 / 1.09x at
+// 5 / 7), level at 8; AVX2 1.02-1.07 / 0.99-1.05 / 1.03-1.05x at 5 / 6 / 7 (three shapes), but
+// 0.93-1.00x at 8 (3 + 3 + 2 rows). The order must be the same on every ISA (the bits), so the
+// limit is one for all. Before 2026-11-25 (the lookup path's prefetching and strips) the tile
+// path was faster from M = 5.
 constexpr int64_t kLutMaxMBf16 = 8;
-constexpr int64_t kLutMaxMFp16 = 4;
+constexpr int64_t kLutMaxMFp16 = 7;
 template <Dtype D>
 inline bool lut_path_applies(const Problem& pb) {
   const int64_t max_m = D == Dtype::kBFloat16 ? kLutMaxMBf16 : kLutMaxMFp16;
