@@ -226,7 +226,8 @@ using HintDst = char*;
 #else
 using HintDst = uint32_t;
 #endif
-// Made once per kernel from a thread's shared pointer (see the note above).
+// Made once per kernel from a thread's shared pointer (see the note above), by all 32 lanes of
+// the warp together (a shfl.sync with the full mask): before any lane-dependent branch.
 W4K_PTX HintDst hint_dst(void* p) {
 #if W4K_SIMT
   return static_cast<char*>(p);
