@@ -58,7 +58,7 @@ def undefined_descriptors(sass):
         if d and op.startswith(_UR_WRITERS):
             width = 4 if ".128" in op else 2 if ".64" in op else 1
             written.update(range(int(d.group(1)), int(d.group(1)) + width))
-        if op.startswith(("LDG", "LDGSTS")):
+        if op.startswith("LDG"):  # LDG and LDGSTS
             for r in re.findall(r"desc\[UR(\d+)\]", args):
                 reads[int(r)] = reads.get(int(r), 0) + 1
     close()

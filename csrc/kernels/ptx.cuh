@@ -156,13 +156,23 @@ W4K_PTX void cp_async16_ca(void* smem, const void* glob) {
                :: "r"(smem_addr(smem)), "l"(glob) : "memory");
 #endif
 }
+#if !W4K_SIMT
+// cp_async16_cg and cp_async16_cg_zfill below to a 32-bit shared address (also the hinted
+// copies' form when built without hints).
+W4K_PTX void cp_async16_cg_at(uint32_t smem, const void* glob) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem), "l"(glob) : "memory");
+}
+W4K_PTX void cp_async16_cg_zfill_at(uint32_t smem, const void* glob, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(smem), "l"(glob), "r"(pred ? 16 : 0) : "memory");
+}
+#endif
 // 16 bytes, bypassing L1.
 W4K_PTX void cp_async16_cg(void* smem, const void* glob) {
 #if W4K_SIMT
   simt::cp_async("cp.async.cg 16", smem, glob, 16, false);
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
-               :: "r"(smem_addr(smem)), "l"(glob) : "memory");
+  cp_async16_cg_at(smem_addr(smem), glob);
 #endif
 }
 // 16 bytes if pred, otherwise no copy at all (the destination keeps its old contents).
@@ -183,8 +193,7 @@ W4K_PTX void cp_async16_cg_zfill(void* smem, const void* glob, bool pred) {
 #if W4K_SIMT
   simt::cp_async("cp.async.cg 16 (zfill)", smem, glob, 16, !pred);
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(smem_addr(smem)), "l"(glob), "r"(pred ? 16 : 0) : "memory");
+  cp_async16_cg_zfill_at(smem_addr(smem), glob, pred);
 #endif
 }
 // L2 cache hints on the streamed weights (evict_first), on unless built with
@@ -244,8 +253,7 @@ W4K_PTX void cp_async16_cg_hint(HintDst smem, const void* glob, uint64_t policy)
 #if W4K_SIMT
   simt::cp_async("cp.async.cg 16 (L2 hint)", smem, glob, 16, false);
 #elif !W4K_L2_CACHE_HINTS
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
-               :: "r"(smem), "l"(glob) : "memory");
+  cp_async16_cg_at(smem, glob);
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
                :: "r"(smem), "l"(glob), "l"(policy) : "memory");
@@ -257,8 +265,7 @@ W4K_PTX void cp_async16_cg_zfill_hint(HintDst smem, const void* glob, bool pred,
 #if W4K_SIMT
   simt::cp_async("cp.async.cg 16 (zfill, L2 hint)", smem, glob, 16, !pred);
 #elif !W4K_L2_CACHE_HINTS
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(smem), "l"(glob), "r"(pred ? 16 : 0) : "memory");
+  cp_async16_cg_zfill_at(smem, glob, pred);
 #else
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
                :: "r"(smem), "l"(glob), "r"(pred ? 16 : 0), "l"(policy) : "memory");
