@@ -26,14 +26,20 @@ bytes), which is what a purely memory-bound kernel could reach.
     python benchmarks/bench_gpu_gemm.py --quick               # 4 values of M, 2 shapes, fp16
     python benchmarks/bench_gpu_gemm.py --m 1 16 --dtype bf16 --act-order
     python benchmarks/bench_gpu_gemm.py --graph --m 1 4 16 64 128   # CUDA-graph replays
-    python benchmarks/bench_gpu_gemm.py --lean --m 1 4 16     # A/B: the register-lean kernel
+    python benchmarks/bench_gpu_gemm.py --graph --split-blocks none old 1x 2x --m 1 16 128
     python benchmarks/bench_gpu_gemm.py --simt                # no GPU: exercise this script on
                                                               # CPU (emulator; times meaningless)
 
-``--lean``: A/B of w4a16_gemm's register-lean 16-row kernel (W4K_W4A16_CUDA_LEAN=1, M <= 16)
-against the default one (W4K_W4A16_CUDA_LEAN=0), both timed in the same run on the same weight
-copies: extra columns "lean ms", its "%copy" and "lean x" = default ms / lean ms (> 1: the lean
-kernel is faster; at M > 16 both columns run the default kernel).
+``--split-blocks V ...``: A/B of w4a16_gemm's split-K partitions against the planner's choice,
+timed in the same run on the same weight copies (W4K_W4A16_SPLIT_BLOCKS, read per call). V is
+``none`` (one block per tile), ``Nx`` (N blocks per SM, balanced runs), ``old`` (each tile cut
+into the uniform split count of the planner before 2026-11-27: resident blocks / tiles, fewer
+when one per SM covers 3/4 of the SMs; resident = 2 blocks per SM at 16 rows, else 1, as
+ptxas allocates on sm_90) or a block count. Extra columns: ms per V and "V x" = planner ms /
+V ms (> 1: V is faster than the planner's choice).
+
+The copy bandwidth is always timed with events (a copy captured in a CUDA graph runs as a
+memcpy node, measured at 2.7 TB/s against 4.2 TB/s on an H200: not the device's bandwidth).
 
 Without a GPU (and without ``--simt``) it prints why and exits with status 0.
 """
@@ -58,7 +64,8 @@ SIMT_M = [1, 33]
 GROUP_SIZE = 128
 L2_BYTES = 50e6  # H100 / H200 L2
 MAX_COPIES = 64
-LEAN_ENV = "W4K_W4A16_CUDA_LEAN"  # read by the w4a16_gemm binding on every call
+SPLIT_ENV = "W4K_W4A16_SPLIT_BLOCKS"  # read by the w4a16_gemm binding on every call
+STAGE_K, TILE_N, MIN_STAGES_PER_SPLIT = 128, 128, 4  # csrc/kernels/w4a16_gemm.cuh
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
@@ -234,9 +241,40 @@ class Layer:
         self.denses = [self.dense] + [self.dense.clone() for _ in range(self.n_dense - 1)]
 
 
-def methods(ns, layer, split_k_iters, lean=False):
-    """name -> (fn(x, i), copies): the four ways to compute x @ W with weight copy i (lean: a
-    fifth, w4a16_gemm with W4K_W4A16_CUDA_LEAN=1, and the default one with it set to 0)."""
+def old_split_blocks(m, size_n, size_k, num_sms):
+    """The block count of the uniform split-K planned before 2026-11-27 (0: no split)."""
+    m_blocks = 1 if m <= 16 else 2 if m <= 32 else 3 if m <= 48 else 4
+    tiles = -(-m // (16 * m_blocks)) * -(-size_n // TILE_N)
+    stages = -(-size_k // STAGE_K)
+    resident = (2 if m_blocks == 1 else 1) * num_sms
+    if tiles >= resident:
+        return 0
+    splits = resident // tiles
+    one_per_sm = num_sms // tiles
+    if one_per_sm >= 1 and 4 * tiles * one_per_sm >= 3 * num_sms:
+        splits = min(splits, one_per_sm)
+    splits = min(splits, stages // MIN_STAGES_PER_SPLIT)
+    if splits <= 1:
+        return 0
+    per_split = -(-stages // splits)
+    return tiles * -(-stages // per_split)
+
+
+def split_blocks_value(token, m, size_n, size_k, num_sms):
+    """W4K_W4A16_SPLIT_BLOCKS for a --split-blocks token."""
+    if token == "none":
+        return 0
+    if token == "old":
+        return old_split_blocks(m, size_n, size_k, num_sms)
+    if token.endswith("x"):
+        return int(token[:-1]) * num_sms
+    return int(token)
+
+
+def methods(ns, layer, split_k_iters, split_tokens=(), num_sms=1):
+    """name -> (fn(x, i), copies): the four ways to compute x @ W with weight copy i, plus
+    w4a16_gemm with W4K_W4A16_SPLIT_BLOCKS per --split-blocks token (the plain w4a16 column
+    then runs with it unset: the planner's choice)."""
     k, n = layer.size_k, layer.size_n
 
     def w4a16_call(x, i):
@@ -244,13 +282,16 @@ def methods(ns, layer, split_k_iters, lean=False):
         return ns.w4a16_gemm(x, b_q_weight, b_scales, b_zeros, layer.g_idx, layer.perm,
                              layer.workspace, 4, x.shape[0], n, k, True, None, True)
 
-    def with_lean(value):
+    def with_split(token):
         def fn(x, i):
-            os.environ[LEAN_ENV] = value
+            if token is None:
+                os.environ.pop(SPLIT_ENV, None)
+            else:
+                os.environ[SPLIT_ENV] = str(split_blocks_value(token, x.shape[0], n, k, num_sms))
             return w4a16_call(x, i)
         return fn
 
-    w4a16 = with_lean("0") if lean else w4a16_call
+    w4a16 = with_split(None) if split_tokens else w4a16_call
 
     def awq(x, i):
         qweight, scales, qzeros = layer.awq[i]
@@ -265,8 +306,8 @@ def methods(ns, layer, split_k_iters, lean=False):
 
     fns = {"cublas": (cublas, layer.n_dense), "deq+mm": (deq_mm, layer.n_int4),
            "w4a16": (w4a16, layer.n_int4), "awq": (awq, layer.n_int4)}
-    if lean:
-        fns["lean"] = (with_lean("1"), layer.n_int4)
+    for token in split_tokens:
+        fns[f"split {token}"] = (with_split(token), layer.n_int4)
     return fns
 
 
@@ -302,10 +343,10 @@ def main():
     parser.add_argument("--graph", action="store_true",
                         help="time calls replayed from CUDA graphs (no launch gaps or per-call "
                              "events; decode as vLLM runs it) instead of event pairs per call")
-    parser.add_argument("--lean", action="store_true",
-                        help="also time w4a16_gemm's register-lean 16-row kernel "
-                             "(W4K_W4A16_CUDA_LEAN=1) next to the default (=0): columns lean ms, "
-                             "%%copy, lean x = default / lean")
+    parser.add_argument("--split-blocks", nargs="+", default=[], metavar="V",
+                        help="also time w4a16_gemm with these split-K partitions (none, old, "
+                             "Nx = N blocks per SM, or a block count): columns V ms, "
+                             "V x = planner ms / V ms")
     parser.add_argument("--simt", action="store_true",
                         help="run on CPU under the SIMT emulator with a tiny shape (checks the "
                              "script itself; the timings mean nothing)")
@@ -333,7 +374,7 @@ def main():
 
     timer = GraphTimer(args.warmup, args.iters) if args.graph else Timer(device, args.warmup,
                                                                           args.iters)
-    copy_bw = copy_bandwidth(device, timer)
+    copy_bw = copy_bandwidth(device, Timer(device, args.warmup, args.iters))
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (SIMT emulator)"
     variant = "GPTQ" + (" act-order" if args.act_order else "") + (
         " + zero points" if args.zero_points else "")
@@ -347,10 +388,13 @@ def main():
     header = (f"{'M':>5} {'N':>6} {'K':>6} {'cuBLAS ms':>10} {'deq+mm ms':>10} {'w4a16 ms':>9} "
               f"{'awq ms':>9} {'TFLOP/s':>8} {'wt GB/s':>8} {'%copy':>6} {'w4a16 x':>8} "
               f"{'awq x':>6} {'ideal x':>8}")
-    if args.lean:
-        header += f" {'lean ms':>9} {'%copy':>6} {'lean x':>7}"
-        print(f"--lean: 'lean' = w4a16_gemm with {LEAN_ENV}=1 (the register-lean kernel at "
-              f"M <= 16), w4a16 = {LEAN_ENV}=0; lean x = w4a16 ms / lean ms")
+    num_sms = (torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda"
+               else int(os.environ.get("W4K_SIMT_SMS", "8")))
+    for token in args.split_blocks:
+        header += f" {token + ' ms':>9} {token + ' x':>7}"
+    if args.split_blocks:
+        print(f"--split-blocks: w4a16 = the planner's split-K, 'V ms' = {SPLIT_ENV} set for V "
+              f"({num_sms} SMs); V x = w4a16 ms / V ms")
     failures = 0
     graph_failures = set()  # --graph: methods whose calls could not be captured (nan in the table)
     for dname in dtype_names:
@@ -363,15 +407,14 @@ def main():
                 print(f"{dname} K={size_k} N={size_n}: skipped, out of GPU memory")
                 torch.cuda.empty_cache()
                 continue
-            fns = methods(ns, layer, args.split_k_iters, args.lean)
+            fns = methods(ns, layer, args.split_k_iters, args.split_blocks, num_sms)
             print(f"\n{dname}  K={size_k} N={size_n}  weight copies: int4 {layer.n_int4} x "
                   f"{layer.int4_bytes / 1e6:.1f} MB, dense {layer.n_dense} x "
                   f"{layer.dense_bytes / 1e6:.1f} MB")
             x_check = torch.randn(min(max(m_values), 64), size_k, device=device).to(dtype)
             ok = True
             checks = [("w4a16", x_check), ("awq", x_check)]
-            if args.lean:  # the lean kernel runs at M <= 16 only
-                checks += [("lean", x_check[:16]), ("w4a16", x_check[:16])]
+            checks += [(f"split {token}", x_check) for token in args.split_blocks]
             for name, xc in checks:
                 _, good, text = check(name, fns[name][0](xc, 0), xc, layer)
                 if not good:
@@ -410,9 +453,8 @@ def main():
                       f"{wt_gbs:8.0f} {100 * wt_gbs * 1e9 / copy_bw:5.0f}% "
                       f"{ms['cublas'] / ms['w4a16']:7.2f}x {ms['cublas'] / ms['awq']:5.2f}x "
                       f"{ideal:7.2f}x"
-                      + (f" {ms['lean']:9.4f} "
-                         f"{100 * layer.int4_bytes / (ms['lean'] * 1e-3) / copy_bw:5.0f}% "
-                         f"{ms['w4a16'] / ms['lean']:6.2f}x" if args.lean else ""))
+                      + "".join(f" {ms['split ' + t]:9.4f} {ms['w4a16'] / ms['split ' + t]:6.2f}x"
+                                for t in args.split_blocks))
             del layer, fns
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -421,8 +463,7 @@ def main():
     if timer.drained:
         print("\nnote: enqueueing outlasted the GPU work queued ahead of it at least once; "
               "the smallest times may include launch overhead")
-    if args.lean:
-        os.environ.pop(LEAN_ENV, None)
+    os.environ.pop(SPLIT_ENV, None)
     if failures:
         print(f"{failures} shape(s) did not match dequantize + matmul")
         return 1

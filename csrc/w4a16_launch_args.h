@@ -23,14 +23,19 @@ namespace w4k {
 // from this M on", whatever the device.
 constexpr int64_t kW4a16DequantThresholdCuda = 256;
 
-// W4K_W4A16_CUDA_LEAN, read per call: "1" runs the register-lean 16-row kernel at M <= 16
-// (w4a16_gemm_lean_kernel: 3 blocks of 256 threads per SM instead of 2, same bits), unset or
-// "0" the default kernel (any other value: the default). For A/B runs on a GPU
-// (benchmarks/bench_gpu_gemm.py --lean); the emulator binding reads it too, so the tests run
-// the lean kernel under the same switch.
-inline bool w4a16_cuda_lean() {
-  const char* v = std::getenv("W4K_W4A16_CUDA_LEAN");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+// W4K_W4A16_SPLIT_BLOCKS, read per call: a number replaces the planner's split-K choice ("0":
+// no split; N > 0: N blocks share the tiles' stages, at most one per stage), where split-K may
+// run at all (the tile counters fit the workspace). Unset or empty: the planner's model. For
+// measuring partitions on a GPU (benchmarks/bench_gpu_gemm.py --split-blocks) and for tests; the
+// emulator binding reads it too.
+inline int64_t w4a16_split_blocks_override() {
+  const char* v = std::getenv("W4K_W4A16_SPLIT_BLOCKS");
+  if (v == nullptr || v[0] == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK(*end == '\0' && n >= 0, "W4K_W4A16_SPLIT_BLOCKS: expected a number >= 0, got '", v,
+              "'");
+  return n;
 }
 
 // Operands of launch_w4a16_gemm, each a tensor kept alive here (copies made for alignment).
@@ -70,7 +75,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
       w4a16_gemm_plan<T>(size_m, size_n, size_k, args.num_groups, args.has_act_order, args.has_zp,
                          num_sms, workspace.numel(),
                          dispatch_threshold("W4K_W4A16_DEQUANT_THRESHOLD", kW4a16DequantThresholdCuda),
-                         &t.plan, w4a16_cuda_lean());
+                         &t.plan, w4a16_split_blocks_override());
   TORCH_CHECK(err == cudaSuccess, "w4a16_gemm: kernel configuration failed: ",
               cudaGetErrorString(err));
   const bool a_ok = a.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;
@@ -91,7 +96,7 @@ inline W4a16LaunchTensors w4a16_prepare(const at::Tensor& a, const at::Tensor& b
     t.g_idx = at::arange(size_k, a.options().dtype(at::kInt)).div_(args.group_size, "floor");
   }
   if (t.plan.dense) t.w_dense = at::empty({size_k, size_n}, a.options());
-  if (t.plan.splits > 1) {
+  if (t.plan.split_blocks > 0) {
     t.c_tmp = at::empty({t.plan.c_tmp_floats}, a.options().dtype(at::kFloat));
     t.counters = workspace.data_ptr<int32_t>();
   }

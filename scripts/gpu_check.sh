@@ -17,18 +17,18 @@
 #              build_no_l2_hint + smoke_no_l2_hint rebuild without the weight copies' L2 hint
 #              (W4K_L2_CACHE_HINTS=0) and run it again, and the later steps use that build
 #   tests      pytest tests -k cuda (the cuda backend) -> tests-cuda.log, tests-cuda.xml
-#   bench_gpu_gemm, bench_gpu_gemm_graph (M <= 128 from CUDA-graph replays),
-#              bench_gpu_gemm_lean (A/B at M <= 16, CUDA graphs: w4a16_gemm's register-lean kernel,
-#              W4K_W4A16_CUDA_LEAN=1, against the default, =0, column "lean x"), bench_cuda_repack
+#   bench_gpu_gemm, bench_gpu_gemm_graph (M <= 128 from CUDA-graph replays, with the A/B of
+#              w4a16_gemm's split-K partitions: none, the uniform split of before 2026-11-27, 1,
+#              2 and 4 balanced blocks per SM, against the planner's choice), bench_cuda_repack
 #              -> bench_*.log (their tables are copied into the summary)
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
-#   profile    Nsight Compute on w4a16_gemm at M = 1 and 128, and on its lean kernel at M = 1
-#              (W4K_W4A16_CUDA_LEAN=1) -> profile.log
+#   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
 #
 # Environment: GPU_CHECK_QUICK=1 (smaller benchmarks), GPU_CHECK_BUDGET_S (default 540: later
 # steps get shorter timeouts, or are skipped, so the run fits one 10-minute device call),
 # GPU_CHECK_DRY_RUN=1 (print each step's command instead of running it; needs no GPU),
+# GPU_CHECK_SKIP="STEP ..." (steps recorded as skipped, e.g. "bench_cuda_repack profile"),
 # PYTHON (default python), MAX_JOBS (default: all cores).
 # Without a GPU it prints one line, writes a summary saying "no GPU" and exits 0. Otherwise the
 # exit status is 0 when every step that ran passed, 1 if any failed or timed out.
@@ -128,6 +128,10 @@ key_figure() {
 run_step() {
     local step=$1 limit=$2 log=$3
     shift 3
+    if [[ " ${GPU_CHECK_SKIP:-} " == *" $step "* ]]; then
+        record "$step" skipped 0 "GPU_CHECK_SKIP" "-"
+        return
+    fi
     local left=$((BUDGET_S - (SECONDS - START) - RESERVE_S))
     if ((left < 20)); then
         record "$step" skipped 0 "time budget spent" "-"
@@ -190,12 +194,11 @@ quick_flag=()
 [[ $QUICK == 1 ]] && quick_flag=(--quick)
 run_step bench_gpu_gemm 240 bench_gpu_gemm.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
-# The small-M rows again from CUDA-graph replays (decode as vLLM runs it: no launch gaps).
-run_step bench_gpu_gemm_graph 120 bench_gpu_gemm_graph.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
-    --graph --dtype fp16 --m 1 4 16 64 128 ${quick_flag[@]+"${quick_flag[@]}"}
-# A/B of the register-lean 16-row kernel against the default one, same run, same weights.
-run_step bench_gpu_gemm_lean 120 bench_gpu_gemm_lean.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
-    --lean --graph --dtype fp16 --m 1 4 8 16 ${quick_flag[@]+"${quick_flag[@]}"}
+# The small-M rows again from CUDA-graph replays (decode as vLLM runs it: no launch gaps), with
+# the split-K partitions' A/B (same run, same weights; "V x" > 1: V beats the planner).
+run_step bench_gpu_gemm_graph 150 bench_gpu_gemm_graph.log "$PYTHON" benchmarks/bench_gpu_gemm.py \
+    --graph --dtype fp16 --m 1 4 16 64 128 --split-blocks none old 1x 2x 4x \
+    ${quick_flag[@]+"${quick_flag[@]}"}
 run_step bench_cuda_repack 120 bench_cuda_repack.log "$PYTHON" benchmarks/bench_cuda_repack.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
 
@@ -228,11 +231,7 @@ else
     run_step profile 150 profile.log bash -c 'for m in 1 128; do
         "$0" --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
             --section Occupancy --section LaunchStats -k regex:w4a16_gemm_kernel -c 1 \
-            "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done
-        W4K_W4A16_CUDA_LEAN=1 "$0" --section SpeedOfLight --section SchedulerStats \
-            --section WarpStateStats --section Occupancy --section LaunchStats \
-            -k regex:w4a16_gemm_lean_kernel -c 1 "$1" benchmarks/bench_gpu_gemm.py --quick \
-            --dtype fp16 --m 1' \
+            "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done' \
         "${NCU:-ncu}" "$PYTHON"
 fi
 

@@ -14,8 +14,8 @@ Variants covered (the kernel's template/launch choices, not only the ops):
 * w4a16_gemm: M = 1, 17, 33, 64, 65 (16-, 32-, 48-, 64-row tiles and two row tiles), every
   scale path (per-channel, groups 32/64/128 with and without zero points, act-order with
   ``is_k_full`` True and False, group 96 through the row-group path), bias, fp16 and bf16, N = 192
-  (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters) and a
-  launch without split-K (K = 128 is one pipeline stage); M >= 256, the dense path
+  (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters; runs
+  across tiles, forced and the planner's for 224 tiles) and a launch without split-K (K = 128 is one pipeline stage); M >= 256, the dense path
   (marlin_dequant_kernel, the gather, a matmul) with zero points, act-order and a shard.
 
     python scripts/gpu_sanitize_cases.py              # the CUDA kernels on the GPU
@@ -152,16 +152,23 @@ class Cases:
             mw = dataclasses.replace(mw, g_idx=g_idx)
         return mw
 
-    def w4a16_gemm(self, m, size_k, size_n, group_size, dtype, variant="gptq", bias=False):
+    def w4a16_gemm(self, m, size_k, size_n, group_size, dtype, variant="gptq", bias=False,
+                   split_blocks=None):
+        """split_blocks: W4K_W4A16_SPLIT_BLOCKS for this call (None: the planner's choice)."""
         mw = self._marlin_layer(size_k, size_n, group_size, dtype, variant)
         a = self.randn(m, size_k).to(dtype)
         b_bias = self.randn(size_n, scale=0.5).to(dtype) if bias else None
         is_k_full = variant != "shard"
         workspace = self.to_dev(mw.workspace)
-        out = self.ns.w4a16_gemm(
-            self.to_dev(a), self.to_dev(mw.b_q_weight), self.to_dev(mw.b_scales),
-            self.to_dev(mw.b_zeros), self.to_dev(mw.g_idx), self.to_dev(mw.perm), workspace, 4,
-            m, size_n, size_k, is_k_full, self.to_dev(b_bias), True)
+        if split_blocks is not None:
+            os.environ["W4K_W4A16_SPLIT_BLOCKS"] = str(split_blocks)
+        try:
+            out = self.ns.w4a16_gemm(
+                self.to_dev(a), self.to_dev(mw.b_q_weight), self.to_dev(mw.b_scales),
+                self.to_dev(mw.b_zeros), self.to_dev(mw.g_idx), self.to_dev(mw.perm), workspace,
+                4, m, size_n, size_k, is_k_full, self.to_dev(b_bias), True)
+        finally:
+            os.environ.pop("W4K_W4A16_SPLIT_BLOCKS", None)
         ref = self.reference.w4a16_gemm(a, mw.b_q_weight, mw.b_scales, mw.b_zeros, mw.g_idx,
                                         mw.perm, mw.workspace, 4, m, size_n, size_k, is_k_full,
                                         b_bias)
@@ -219,6 +226,12 @@ def case_list(c: Cases):
     cases += [
         ("w4a16_gemm fp16 M=1 K=4096 N=256 g128 split-K",
          lambda: c.w4a16_gemm(1, 4096, 256, 128, f16)),
+        # Balanced split-K runs that start and end inside tiles: forced (6 tiles of 64 rows x
+        # 16 stages in 13 runs), and the planner's own choice for 224 tiles (more than the SMs).
+        ("w4a16_gemm fp16 M=70 K=2048 N=384 g128 zero-points bias, 13 split-K runs across tiles",
+         lambda: c.w4a16_gemm(70, 2048, 384, 128, f16, "awq", True, split_blocks=13)),
+        ("w4a16_gemm bf16 M=1 K=1024 N=28672 g128 (224 tiles: the planner's split-K)",
+         lambda: c.w4a16_gemm(1, 1024, 28672, 128, bf16)),
         ("w4a16_gemm bf16 M=1040 K=128 N=64 per-channel no split-K (one stage of K)",
          lambda: c.w4a16_gemm(1040, 128, 64, -1, bf16, bias=True)),
         ("w4a16_gemm bf16 M=5 K=384 N=128 g96 (row-group path)",

@@ -5,11 +5,9 @@ compiled (build/sass/w4a16_gemm_tu_sm{80,90}.o and their ptxas logs).
 Per (M tile, architecture, dtype): registers, spill bytes, dynamic shared memory, and the hot
 loop's non-HMMA instructions per HMMA for each scale path (sass_stats.py's "hot" path, one
 steady-state iteration of the main loop, here 4 pipeline stages), and whether the weight copies
-carry an L2 cache policy (sass_stats.py's gld_desc_B > 0). The register-lean variant of the
-16-row tile (w4a16_gemm_lean_kernel, W4K_W4A16_CUDA_LEAN=1) has its own rows ("16 rows lean").
-A second table gives the same hot loops as warp instructions per weight byte (one HMMA
-m16n8k16 of a 16-row tile consumes 16 x 8 weights, 64 bytes; a 16 k-row tile of kRows rows
-consumes 64 bytes per kRows / 16 HMMAs).
+carry an L2 cache policy (sass_stats.py's gld_desc_B > 0). A second table gives the same hot
+loops as warp instructions per weight byte (one HMMA m16n8k16 of a 16-row tile consumes 16 x 8
+weights, 64 bytes; a 16 k-row tile of kRows rows consumes 64 bytes per kRows / 16 HMMAs).
 
     bash scripts/sass_report.sh build/sass w4a16 && python3 scripts/sass_table.py build/sass
     python3 scripts/sass_table.py OUTDIR [TU]   # TU: the objects' stem (default w4a16_gemm_tu)
@@ -25,8 +23,8 @@ MODES = ["kChannel", "kGroup", "kGroupZp", "kRow"]  # ScaleMode enum order in w4
 LABELS = {"kChannel": "per-channel", "kGroup": "g128", "kGroupZp": "g128 + zp",
           "kRow": "act-order, group order", "kRowRows": "act-order, row groups"}
 COLUMNS = MODES + ["kRowRows"]
-# w4a16_gemm_kernel<T, kMBlocks, kMode> and w4a16_gemm_lean_kernel<T, kMode> (16 rows).
-KERNEL_RE = re.compile(r"w4a16_gemm(_lean)?_kernelI(6__half|13__nv_bfloat16)(?:Li(\d)E)?"
+# w4a16_gemm_kernel<T, kMBlocks, kMode>.
+KERNEL_RE = re.compile(r"w4a16_gemm_kernelI(6__half|13__nv_bfloat16)Li(\d)E"
                        r"LNS0_9ScaleModeE(\d)")
 # Dynamic shared memory of StageLayout<kMBlocks> (4 stages; see w4a16_gemm.cuh).
 SMEM = {mb: 4 * (16 * mb * 256 + 8 * 1024 + 4 * 128 * 2 + 4 * 16 * 4 + 128 * 4) for mb in range(1, 5)}
@@ -74,14 +72,13 @@ def main():
                             capture_output=True, text=True, check=True).stdout
         for k in json.loads(js):
             m = KERNEL_RE.search(k["kernel"])
-            dtype = "fp16" if m.group(2) == "6__half" else "bf16"
-            lean = m.group(1) == "_lean"
-            mb, mode = int(m.group(3) or 1), MODES[int(m.group(4))]
+            dtype = "fp16" if m.group(1) == "6__half" else "bf16"
+            mb, mode = int(m.group(2)), MODES[int(m.group(3))]
             hot, work = k["hot"]["total"], k["hot_work"]
             entry = dict(ratio=(hot - work) / work, ipb=hot / (work * 64 / mb), regs=k["regs"],
                          spill=k["ptxas"]["spill_st_B"] + k["ptxas"]["spill_ld_B"],
                          hint=k["hot_bytes"].get("gld_desc_B", 0) > 0)
-            key = (mb, lean, arch, dtype)
+            key = (mb, arch, dtype)
             rows.setdefault(key, {})[mode] = entry
             if mode == "kRow":
                 # The kRow kernel holds three main loops: the group path (symmetric and with zero
@@ -96,27 +93,22 @@ def main():
     print("| M tile | arch | dtype | regs | spills (B) | dyn. smem | "
           + " | ".join(f"non-HMMA/HMMA {LABELS[m]}" for m in COLUMNS) + " | L2 hint on weights |")
     print("|---|---|---|---|---|---|" + "---|" * len(COLUMNS) + "---|")
-    def tile(mb, lean):
-        return f"{16 * mb} rows" + (" lean" if lean else "")
-
-    # The lean kernel has no kRow form: act-order in group order runs its kGroup / kGroupZp
-    # kernel (the g128 / g128 + zp loop), the row-group path the default kernel ("-").
     def cell(modes, m, key, fmt):
         return format(modes[m][key], fmt) if m in modes else "-"
 
-    for (mb, lean, arch, dtype), modes in sorted(rows.items()):
+    for (mb, arch, dtype), modes in sorted(rows.items()):
         regs = "/".join(str(modes[m]["regs"]) for m in MODES if m in modes)
         spills = max(modes[m]["spill"] for m in MODES if m in modes)
         hint = "yes" if all(modes[m]["hint"] for m in MODES if m in modes) else "no"
-        print(f"| {tile(mb, lean)} | sm_{arch} | {dtype} | {regs} | {spills} | "
+        print(f"| {16 * mb} rows | sm_{arch} | {dtype} | {regs} | {spills} | "
               f"{SMEM[mb] // 1024} KiB | "
               + " | ".join(cell(modes, m, "ratio", ".2f") for m in COLUMNS) + f" | {hint} |")
     print()
     print("| M tile | arch | dtype | "
           + " | ".join(f"instr. per weight byte {LABELS[m]}" for m in COLUMNS) + " |")
     print("|---|---|---|" + "---|" * len(COLUMNS))
-    for (mb, lean, arch, dtype), modes in sorted(rows.items()):
-        print(f"| {tile(mb, lean)} | sm_{arch} | {dtype} | "
+    for (mb, arch, dtype), modes in sorted(rows.items()):
+        print(f"| {16 * mb} rows | sm_{arch} | {dtype} | "
               + " | ".join(cell(modes, m, "ipb", ".3f") for m in COLUMNS) + " |")
 
 

@@ -1,7 +1,8 @@
 """The compiled GEMMs' SASS has no global load whose memory descriptor register nothing writes:
 the form in which nvcc 13.0's ptxas encoded the L2-hinted weight copies that faulted on an H100
 (csrc/kernels/ptx.cuh, scripts/sass_desc_check.py). Reads the objects of the last build
-(scripts/install.sh builds the CUDA module in build/temp.*), disassembled with cuobjdump."""
+(scripts/install.sh builds the CUDA module in build/temp.*, scripts/gpu_check.sh in
+build/gpu-check*), disassembled with cuobjdump."""
 
 import glob
 import importlib.util
@@ -40,10 +41,21 @@ def test_checker_finds_a_never_written_descriptor():
     assert sass_desc_check.undefined_descriptors(good) == []
 
 
+def _last_cuda_objects():
+    """The CUDA objects of the build directory whose w4a16_gemm.o is newest ([] if none)."""
+    dirs = [os.path.dirname(o) for pattern in ("temp.*", "gpu-check*") for o in
+            glob.glob(os.path.join(ROOT, "build", pattern, "csrc", "cuda", "w4a16_gemm.o"))]
+    if not dirs:
+        return []
+    newest = max(dirs, key=lambda d: os.path.getmtime(os.path.join(d, "w4a16_gemm.o")))
+    return sorted(glob.glob(os.path.join(newest, "*.o")))
+
+
 def test_built_kernels_name_only_written_descriptors():
-    objects = sorted(glob.glob(os.path.join(ROOT, "build", "temp.*", "csrc", "cuda", "*.o")))
+    objects = _last_cuda_objects()
     if not objects:
-        pytest.skip("no CUDA objects in build/temp.* (a CPU-only build: no nvcc or a CPU torch)")
+        pytest.skip("no CUDA objects in build/temp.* or build/gpu-check* (a CPU-only build: no "
+                    "nvcc or a CPU torch)")
     cuobjdump = sass_desc_check.find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("no cuobjdump to disassemble the build with (CUDA 13 ships none; "

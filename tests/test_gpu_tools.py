@@ -60,7 +60,7 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
-                    "bench_gpu_gemm_graph", "bench_gpu_gemm_lean", "bench_cuda_repack",
+                    "bench_gpu_gemm_graph", "bench_cuda_repack",
                     "memcheck", "racecheck", "synccheck", "initcheck", "profile"]
 
 
@@ -85,15 +85,18 @@ def test_bench_gpu_gemm_simt_runs_every_method():
 
 
 @needs_simt
-def test_bench_gpu_gemm_lean_ab_columns():
-    """--lean (the A/B of w4a16_gemm's register-lean kernel, W4K_W4A16_CUDA_LEAN=1 against =0):
-    both checked against dequantize + matmul, the lean columns and ratio printed."""
-    stdout = run([sys.executable, "benchmarks/bench_gpu_gemm.py", "--simt", "--lean", "--m", "1",
-                  "--zero-points"], timeout=30)
+def test_bench_gpu_gemm_split_blocks_ab_columns():
+    """--split-blocks (the A/B of w4a16_gemm's split-K partitions, W4K_W4A16_SPLIT_BLOCKS, against
+    the planner's choice): every partition checked against dequantize + matmul, its columns and
+    ratio printed. The emulated device has 8 SMs: 1x and 3x are 8 and 24 blocks over the shape's
+    single tile of 2 stages (24 is cut to one block per stage)."""
+    stdout = run([sys.executable, "benchmarks/bench_gpu_gemm.py", "--simt", "--m", "1",
+                  "--zero-points", "--split-blocks", "none", "old", "1x", "3x", "5"], timeout=60)
     assert "MISMATCH" not in stdout
-    assert "lean ms" in stdout
+    assert "1x ms" in stdout and "old x" in stdout
     row = [line for line in stdout.splitlines() if line.split()[:3] == ["1", "128", "256"]]
     assert len(row) == 1 and row[0].rstrip().endswith("x"), stdout
+    assert len(row[0].split()) == 13 + 2 * 5, row
 
 
 def test_bench_gpu_gemm_graph_mode_needs_a_gpu_not_the_emulator():

@@ -131,6 +131,20 @@ def test_split_k_reuses_the_workspace(m, size_n):
 SCHEDULES = [("forward", 1), ("reverse", 1), ("shuffle", 1), ("forward", 4), ("shuffle", 4)]
 
 
+def same_bits_under_schedules(monkeypatch, b, case, schedules, seed):
+    """The op's output under each (schedule, workers): the same bits every time, and the split-K
+    counters back at zero after each call."""
+    outs = []
+    for schedule, workers in schedules:
+        monkeypatch.setenv("W4K_SIMT_SCHEDULE", schedule)
+        monkeypatch.setenv("W4K_SIMT_WORKERS", str(workers))
+        monkeypatch.setenv("W4K_SIMT_SEED", str(len(outs) + seed))
+        outs.append(call(b, case))
+        assert int(case["workspace"].abs().sum()) == 0
+    for out in outs[1:]:
+        assert golden.same_bits(out, outs[0])
+
+
 @pytest.mark.parametrize("m,size_n,size_k,group_size,zp,act_order", [
     (1, 128, 4096, 128, False, None),    # 1 tile, 8 splits of 4 stages (kGroup)
     (9, 192, 2048, -1, True, None),      # N = 64 x 3 (a half-empty tile), per-channel + zp
@@ -150,16 +164,47 @@ def test_split_k_bits_do_not_depend_on_block_order(monkeypatch, m, size_n, size_
                      "k_full" if unordered else act_order, zp=zp, bias=True, seed=size_k + m)
     if unordered:
         case = rows_out_of_group_order(case, 1024 + group_size)
-    outs = []
-    for schedule, workers in SCHEDULES:
-        monkeypatch.setenv("W4K_SIMT_SCHEDULE", schedule)
-        monkeypatch.setenv("W4K_SIMT_WORKERS", str(workers))
-        monkeypatch.setenv("W4K_SIMT_SEED", str(len(outs) + 7))
-        outs.append(call(b, case))
-        assert int(case["workspace"].abs().sum()) == 0
-    for out in outs[1:]:
-        assert golden.same_bits(out, outs[0])
+    same_bits_under_schedules(monkeypatch, b, case, SCHEDULES, seed=7)
     check_against_reference(b, case)
+
+
+# Balanced split-K (W4K_W4A16_SPLIT_BLOCKS = B): B blocks take equal runs of the tiles x stages
+# (tile, stage) units, tile-major. K = 2048 is 16 stages. (M, N, B): 3 tiles, B = 2: runs of 24
+# stages, a whole tile written directly plus half of the next; B = 5: every run crosses a tile
+# boundary (a block with two partial tiles, tiles of 2-3 parts); 48: one stage per block (16
+# parts per tile); 6 tiles (two 64-row tiles x 3) in 7 and 13 runs; 1 tile in 3 uneven runs.
+SPLIT_RUNS = [(5, 384, 2), (5, 384, 5), (5, 384, 48), (70, 384, 7), (70, 384, 13), (20, 128, 3)]
+
+
+@pytest.mark.parametrize("m,size_n,blocks", SPLIT_RUNS,
+                         ids=[f"m{m}-n{n}-b{b}" for m, n, b in SPLIT_RUNS])
+def test_split_runs_across_tiles(monkeypatch, m, size_n, blocks):
+    """Runs that start and end inside tiles: every tile's parts add up in block order, whoever
+    arrives last; the same bits under every schedule, the counters back at zero."""
+    monkeypatch.setenv("W4K_W4A16_SPLIT_BLOCKS", str(blocks))
+    b = simt()
+    case = make_case(m, 2048, size_n, 128, torch.bfloat16, zp=True, bias=True, seed=m + blocks)
+    same_bits_under_schedules(monkeypatch, b, case,
+                              SCHEDULES if blocks in (5, 13) else SCHEDULES[:1], seed=3)
+    check_against_reference(b, case)
+
+
+def test_split_runs_act_order_row_groups(monkeypatch):
+    """A run crossing tiles on the row-group path (act-order, a row out of group order): the
+    lane's cached scale groups start afresh in each segment."""
+    monkeypatch.setenv("W4K_W4A16_SPLIT_BLOCKS", "5")
+    case = rows_out_of_group_order(
+        make_case(9, 2048, 384, 64, torch.float16, "k_full", zp=True, bias=True, seed=77), 1088)
+    check_against_reference(simt(), case)
+
+
+@pytest.mark.parametrize("value", ["abc", "-3", "4x"])
+def test_split_blocks_override_must_be_a_count(monkeypatch, value):
+    monkeypatch.setenv("W4K_W4A16_SPLIT_BLOCKS", value)
+    case = make_case(1, 1024, 128, 128, torch.float16, seed=2)
+    with pytest.raises(RuntimeError, match=rf"W4K_W4A16_SPLIT_BLOCKS: expected a number >= 0, "
+                                           rf"got '{value}'"):
+        call(simt(), case)
 
 
 @pytest.mark.parametrize("workspace_size", [1, 8, 10000], ids=["one", "per-sm", "large"])

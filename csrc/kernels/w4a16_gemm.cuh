@@ -56,12 +56,17 @@
 //             row-parallel shard's, say) still gets the row-group path. The host cannot read
 //             g_idx without a sync, so the choice is made per launch, on the GPU.
 //
-// Split-K, without any block waiting for another: when the (M, N) tiles alone cannot fill the
-// GPU (occupancy API x SMs), blockIdx.z takes a contiguous run of stages. Every split writes its
-// fp32 partial tile to c_tmp and bumps the tile's arrival counter in the workspace; the split
-// that arrives last (sees splits - 1) adds all partial tiles in split order 0, 1, ... (so the
-// bits do not depend on which block ran when), adds the bias, writes the output and resets the
-// counter to 0. The workspace must be zero on first use and is left zero.
+// Split-K, without any block waiting for another, balanced over the SMs (stream-K's partition):
+// when the tiles alone would leave SMs idle or unevenly loaded (224 tiles on 132 SMs: some SMs
+// run two tiles, some one), the (tile, stage) units, tile-major, are cut into B equal
+// contiguous runs, one per block (w4a16::choose_split_blocks picks B from the SM count and the
+// occupancy API, by a rule measured on an H200). A run covers the end of one tile, whole tiles, the start of another; the
+// block runs one pipeline per tile it touches (a segment). A segment that covers its whole tile
+// writes the output; the others write their fp32 partial tile to c_tmp and bump the tile's
+// arrival counter in the workspace, and the block that arrives last (sees parts - 1) adds all
+// partial tiles in block order (so the bits do not depend on which block ran when), adds the
+// bias, writes the output and resets the counter to 0. The workspace must be zero on first use
+// and is left zero.
 //
 // Act-order: a first kernel gathers A's columns through perm (8 columns per thread, 16-byte
 // stores; out-of-range perm entries give zero columns).
@@ -106,7 +111,7 @@ struct StageLayout {
   // Final reduction: 4 slots (2 column halves x 2 writers) of one warp's accumulators.
   static constexpr int kFragFloats = kMBlocks * 8 * 4;
   static_assert(4 * kFragFloats * 32 * 4 <= kSmemBytes, "reduction slots must fit");
-  // One split's fp32 partial tile in c_tmp (fragment order, see the split-K epilogue).
+  // One block's fp32 partial tile in c_tmp (fragment order, see the split-K epilogue).
   static constexpr int kTileFloats = kRows * kTileN;
 };
 
@@ -258,11 +263,13 @@ struct GemmParams {
   int size_m, size_n, size_k;  // M < 2^31, N <= 2^26, K < 2^30 (checked by the bindings)
   int num_groups;              // G
   int group_size;              // rows per group (kGroup)
-  int stages_per_split;        // gridDim.z splits of this many stages (the last may be shorter)
-  // kRow kernel with row_group_flags: return at once when the rows are in group order (the
-  // lean kernel, launched first on the same stream, took them; W4K_W4A16_CUDA_LEAN=1).
-  int row_groups_only;
-  float* c_tmp;                // [tiles, splits, kTileFloats] fp32 partial tiles (split-K)
+  // The blocks' work (see "Split-K" above). split_blocks == 0: block (x, y) computes tile
+  // y * n_tiles + x over all of K. Else gridDim.x = split_blocks blocks share the `units` =
+  // tiles x stages (tile-major) in equal contiguous runs (split_run_begin).
+  int n_tiles;
+  int split_blocks;
+  int64_t units;
+  float* c_tmp;                // [2 * split_blocks, kTileFloats] fp32 partial tiles (split-K)
   int* counters;               // [tiles] arrival counters, zero on entry, zero on exit
 };
 
@@ -355,22 +362,133 @@ __device__ __forceinline__ void store_tile(const GemmParams& p,
   }
 }
 
+// Split-K partition: block b of `blocks` takes the units [begin(b), begin(b + 1)) of the
+// `units` (tile, stage) pairs, tile-major: the end of one tile, whole tiles, the start of
+// another. Every block gets the same number of stages to within one, whatever the tile count.
+__host__ __device__ inline int64_t split_run_begin(int64_t b, int64_t units, int64_t blocks) {
+  return b * units / blocks;
+}
+// The block whose run holds unit x: the largest b with split_run_begin(b) <= x.
+__host__ __device__ inline int64_t split_run_block(int64_t x, int64_t units, int64_t blocks) {
+  return ((x + 1) * blocks + units - 1) / units - 1;
+}
+
+// One block's share of one output tile: stages [stage_begin, stage_end) of tile
+// m_blk * n_tiles + n_blk (split-K: `tile`). parts: how many blocks add to the tile (1: this
+// block writes the output); with parts > 1 the tile's blocks are first_block, first_block + 1,
+// ..., and block b keeps the partial tile of the first tile of its run in c_tmp slot 2b, of its
+// last in 2b + 1: first_slot is first_block's slot for this tile, the others' is 2b.
+struct Segment {
+  int index;  // 0, 1, ...: the index-th tile of this block's work; -1: the work is done
+  int tile;
+  int n_blk, m_blk;
+  int stage_begin, stage_end;
+  int parts;
+  int first_block, first_slot;
+  bool first_of_run;  // the first tile of this block's run
+};
+
+// A copy of the segment in shared memory made with volatile loads: the compiler may not reuse
+// values it loaded before the main loop (it kept them in registers, spilled, on sm_80).
+__device__ __forceinline__ Segment read_segment(const Segment& sh) {
+  const volatile Segment& v = sh;
+  Segment seg;
+  seg.index = v.index;
+  seg.tile = v.tile;
+  seg.n_blk = v.n_blk;
+  seg.m_blk = v.m_blk;
+  seg.stage_begin = v.stage_begin;
+  seg.stage_end = v.stage_end;
+  seg.parts = v.parts;
+  seg.first_block = v.first_block;
+  seg.first_slot = v.first_slot;
+  seg.first_of_run = v.first_of_run;
+  return seg;
+}
+
+// A split-K block's run, made once per block (64-bit divisions) and kept in shared memory, so
+// that a segment's indices cost a few shared loads where they are needed and no registers across
+// the main loop (the 48- and 64-row kernels have none to spare). Index 0: the run's first tile,
+// 1: its last (the same tile when the run lies in one). Split-K tiles and blocks are < 2^20
+// (kMaxSplitTiles) and < 2^31.
+struct SplitRun {
+  int first_tile, last_tile;
+  int stage_begin, stage_end;  // in the first / the last tile
+  int parts[2], first_block[2], first_slot[2];
+};
+
+__device__ __forceinline__ void make_split_run(const GemmParams& p, SplitRun* run) {
+  const int total_stages = (p.size_k + kStageK - 1) / kStageK;
+  const int64_t b = blockIdx.x;
+  const int64_t u_begin = split_run_begin(b, p.units, p.split_blocks);
+  const int64_t u_end = split_run_begin(b + 1, p.units, p.split_blocks);
+  const int64_t tiles[2] = {u_begin / total_stages, (u_end - 1) / total_stages};
+  run->first_tile = static_cast<int>(tiles[0]);
+  run->last_tile = static_cast<int>(tiles[1]);
+  run->stage_begin = static_cast<int>(u_begin - tiles[0] * total_stages);
+  run->stage_end = static_cast<int>(u_end - tiles[1] * total_stages);
+  for (int k = 0; k < 2; ++k) {
+    const int64_t tile_u = tiles[k] * total_stages;
+    const int64_t first = split_run_block(tile_u, p.units, p.split_blocks);
+    const int64_t last = split_run_block(tile_u + total_stages - 1, p.units, p.split_blocks);
+    run->parts[k] = static_cast<int>(last - first + 1);
+    run->first_block[k] = static_cast<int>(first);
+    // The first block's run began in an earlier tile unless it begins at this tile's start.
+    run->first_slot[k] = static_cast<int>(
+        2 * first + (split_run_begin(first, p.units, p.split_blocks) == tile_u ? 0 : 1));
+  }
+}
+
+// Segment i (0, 1, ...) of this block's work: its share of the i-th tile its units touch
+// (index -1 past the last).
+__device__ __forceinline__ Segment make_segment(const GemmParams& p, const SplitRun& run,
+                                                int i) {
+  const int total_stages = (p.size_k + kStageK - 1) / kStageK;
+  Segment seg;
+  const int count = p.split_blocks == 0 ? 1 : run.last_tile - run.first_tile + 1;
+  seg.index = i < count ? i : -1;
+  seg.first_of_run = i == 0;
+  if (p.split_blocks == 0) {
+    seg.tile = 0;  // (no counters, no partial tiles)
+    seg.n_blk = blockIdx.x;
+    seg.m_blk = blockIdx.y;
+    seg.stage_begin = 0;
+    seg.stage_end = total_stages;
+    seg.parts = 1;
+    seg.first_block = seg.first_slot = 0;
+    return seg;
+  }
+  seg.tile = run.first_tile + i;
+  seg.n_blk = seg.tile % p.n_tiles;
+  seg.m_blk = seg.tile / p.n_tiles;
+  const bool last = seg.tile == run.last_tile;
+  seg.stage_begin = i == 0 ? run.stage_begin : 0;
+  seg.stage_end = last ? run.stage_end : total_stages;
+  const int k = i == 0 ? 0 : 1;  // a middle tile (neither) has one part: this block
+  seg.parts = i == 0 || last ? run.parts[k] : 1;
+  seg.first_block = run.first_block[k];
+  seg.first_slot = run.first_slot[k];
+  return seg;
+}
+
 // The end of a block's tile: the four k-warps' sums added up, split-K, bias, scales (per
-// channel) and the output stores. t: threadIdx.x (the lean kernel reads it afresh here, so that
-// nothing derived from it stays live across the main loop).
-template <typename T, int kMBlocks, ScaleMode kMode, bool kFresh>
+// channel) and the output stores, for the block's segment seg.
+// seg_sh: the segment in shared memory. It and the thread index are read afresh here (volatile),
+// so that nothing derived from them before the main loop stays live across it.
+template <typename T, int kMBlocks, ScaleMode kMode>
 __device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kMBlocks][8][4],
-                                            const int t) {
+                                            const Segment& seg_sh) {
+  const Segment seg = read_segment(seg_sh);
+  const int t = ptx::thread_index_x();
   using L = StageLayout<kMBlocks>;
   W4K_EXTERN_SHARED(int4, sh);
   char* const smem = reinterpret_cast<char*>(sh);
   __shared__ int sh_last_split;
   const int warp = t / 32, lane = t % 32;
   const int warp_n = warp % 2, warp_k = warp / 2;
-  const int n_blk = blockIdx.x, m_blk = blockIdx.y, split = blockIdx.z;
-  const int m0 = m_blk * L::kRows;
+  const int m0 = seg.m_blk * L::kRows;
   const int num_chunks = p.size_n / 64;
-  const int chunk = 2 * n_blk + warp_n;
+  const int chunk = 2 * seg.n_blk + warp_n;
 
   // Tree reduction over the four k-warps of each column half: k-warps 2, 3 -> 0, 1, then
   // 1 -> 0. Slot layout [slot][fragment float][lane] (conflict-free).
@@ -401,16 +519,15 @@ __device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kM
   exchange(warp_k == 1, warp_k == 0, 2 * warp_n, 2 * warp_n);
   const bool holds_sum = warp_k == 0 && chunk < num_chunks;
 
-  if (gridDim.z > 1) {
-    // Split-K: write this split's partial tile (fragment order: lane-contiguous float4s), then
-    // count arrivals; the last split adds the partial tiles in split order.
-    const int tile = m_blk * gridDim.x + n_blk;
-    float* tile_tmp = p.c_tmp + static_cast<int64_t>(tile) * gridDim.z * L::kTileFloats;
+  if (seg.parts > 1) {
+    // Split-K: write this block's partial tile (fragment order: lane-contiguous float4s), then
+    // count arrivals; the last to arrive adds the partial tiles in block order.
     auto frag_offset = [&](int mb, int e) {
       return ((warp_n * kMBlocks + mb) * 8 + e) * 128 + 4 * lane;
     };
     if (holds_sum) {
-      float* part = tile_tmp + split * L::kTileFloats;
+      const int64_t slot = 2 * static_cast<int64_t>(blockIdx.x) + (seg.first_of_run ? 0 : 1);
+      float* part = p.c_tmp + slot * L::kTileFloats;
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -421,9 +538,9 @@ __device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kM
     __threadfence();  // the partial tile is visible GPU-wide before the arrival is
     block_sync();
     if (t == 0) {
-      const int arrived = atomicAdd(p.counters + tile, 1);
-      const bool last = arrived == static_cast<int>(gridDim.z) - 1;
-      if (last) p.counters[tile] = 0;  // every split has arrived: ready for the next launch
+      const int arrived = atomicAdd(p.counters + seg.tile, 1);
+      const bool last = arrived == seg.parts - 1;
+      if (last) p.counters[seg.tile] = 0;  // every part has arrived: ready for the next launch
       sh_last_split = last;
     }
     block_sync();
@@ -436,73 +553,47 @@ __device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kM
         for (int e = 0; e < 8; ++e)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
-      auto add_part = [&](const float* part_lane) {  // part_lane: fragment (0, 0) of a lane
+      // Part j of the tile is block first_block + j's, in its slot first_slot (j = 0) or
+      // 2 (first_block + j) (its run begins in this tile).
+      for (int j = 0; j < seg.parts; ++j) {
+        const int slot = j == 0 ? seg.first_slot : 2 * (seg.first_block + j);
+        const float* part = p.c_tmp + static_cast<int64_t>(slot) * L::kTileFloats;
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const float4 v =
-                __ldcg(reinterpret_cast<const float4*>(part_lane + (mb * 8 + e) * 128));
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(part + frag_offset(mb, e)));
             acc[mb][e][0] += v.x;
             acc[mb][e][1] += v.y;
             acc[mb][e][2] += v.z;
             acc[mb][e][3] += v.w;
           }
-      };
-      if constexpr (kFresh) {
-        // Lean kernel: one lane pointer moved by a constant, the loop not unrolled (fits 80
-        // registers: 32 sums, 32 loaded floats).
-        const float* part_lane = tile_tmp + frag_offset(0, 0);
-#pragma unroll 1
-        for (int z = 0; z < static_cast<int>(gridDim.z); ++z, part_lane += L::kTileFloats)
-          add_part(part_lane);
-      } else {
-        for (int z = 0; z < static_cast<int>(gridDim.z); ++z) {
-          const float* part = tile_tmp + z * L::kTileFloats;
-#pragma unroll
-          for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              const float4 v =
-                  __ldcg(reinterpret_cast<const float4*>(part + frag_offset(mb, e)));
-              acc[mb][e][0] += v.x;
-              acc[mb][e][1] += v.y;
-              acc[mb][e][2] += v.z;
-              acc[mb][e][3] += v.w;
-            }
-        }
       }
     }
   }
   if (!holds_sum) return;
-  if constexpr (kFresh) {
-    // Lean kernel: the lane's output indices made again from fresh reads (not kept live).
-    const int t_out = ptx::thread_index_x();
-    store_tile<T, kMBlocks, kMode>(p, acc, t_out % 32,
-                                   2 * ptx::block_index_x() + (t_out / 32) % 2, m0);
-  } else {
-    store_tile<T, kMBlocks, kMode>(p, acc, lane, chunk, m0);
-  }
+  store_tile<T, kMBlocks, kMode>(p, acc, lane, chunk, m0);
 }
 
-// One block's output tile (the kernel below, for one scale path).
-template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
-__device__ __forceinline__ void gemm_tile(const GemmParams& p) {
+// One block's share of one output tile, segment seg_index of its work (the kernel below, for
+// one scale path).
+template <typename T, int kMBlocks, ScaleMode kMode>
+__device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& seg) {
   using L = StageLayout<kMBlocks>;
   using D = Dtype<T>;
   W4K_EXTERN_SHARED(int4, sh);
   char* const smem = reinterpret_cast<char*>(sh);
 
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  // A volatile read of %tid.x: nothing derived from the thread index is hoisted out of the
+  // segment loop (gemm_block), where it would stay live through the epilogue.
+  const int t = ptx::thread_index_x(), warp = t / 32, lane = t % 32;
   const int warp_n = warp % 2;  // column half: Marlin chunk 2 * blockIdx.x + warp_n
   const int warp_k = warp / 2;  // k-tiles 2 * warp_k, 2 * warp_k + 1 of each stage
-  const int n_blk = blockIdx.x, m_blk = blockIdx.y, split = blockIdx.z;
-  const int m0 = m_blk * L::kRows;
+  const int n_blk = seg.n_blk;
+  const int m0 = seg.m_blk * L::kRows;
   const int num_chunks = p.size_n / 64;
-  const int total_stages = (p.size_k + kStageK - 1) / kStageK;
-  const int stage_begin = split * p.stages_per_split;
-  const int stage_end = min(stage_begin + p.stages_per_split, total_stages);
-  const int num_stages = stage_end - stage_begin;
+  const int stage_begin = seg.stage_begin;
+  const int num_stages = seg.stage_end - stage_begin;
   constexpr bool kGrouped = kMode == ScaleMode::kGroup || kMode == ScaleMode::kGroupZp;
   const bool has_zp = p.b_zeros != nullptr;  // kGroupZp: always
   const uint64_t evict_first = ptx::createpolicy_evict_first();  // weights are read once
@@ -694,7 +785,31 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p) {
   }
   ptx::cp_async_wait_all();
   block_sync();  // the pipeline memory becomes the reduction buffer
-  finish_tile<T, kMBlocks, kMode, kLean>(p, acc, kLean ? ptx::thread_index_x() : t);
+  finish_tile<T, kMBlocks, kMode>(p, acc, seg);
+}
+
+// A block's whole work: its tile (no split-K), or its run of the split-K partition, one
+// segment per tile it touches (a pipeline each; at most the first and last are partial).
+template <typename T, int kMBlocks, ScaleMode kMode>
+__device__ __forceinline__ void gemm_block(const GemmParams& p) {
+  // The run and the current segment live in shared memory, written by thread 0 between
+  // barriers: the segment's indices are read where they are used, at the start and in the
+  // epilogue, and hold no registers across the main loop (the 48- and 64-row kernels have none
+  // to spare).
+  __shared__ SplitRun run;
+  __shared__ Segment seg;
+  if (threadIdx.x == 0) {
+    if (p.split_blocks != 0) make_split_run(p, &run);
+    seg = make_segment(p, run, 0);
+  }
+  block_sync();
+  while (true) {
+    gemm_tile<T, kMBlocks, kMode>(p, seg);
+    block_sync();  // every thread is done with seg (and the reduction with shared memory)
+    if (threadIdx.x == 0) seg = make_segment(p, run, seg.index + 1);
+    block_sync();
+    if (seg.index < 0) break;
+  }
 }
 
 // Act-order with a group size the per-stage path takes: whether every row r is in group
@@ -707,47 +822,23 @@ __device__ __forceinline__ bool rows_in_group_order(const GemmParams& p) {
   return !__syncthreads_or(out_of_order);
 }
 
-// Grid: (N / 128 rounded up, ceil(M / kRows), splits), kThreads threads, kSmemBytes of dynamic
-// shared memory. kRow with act-order flags runs the per-stage group path when the rows turn out
-// to be in group order (decided per launch on the GPU, where the host cannot read g_idx without
-// a sync): the act-order layers of GPTQ checkpoints then cost what group-ordered ones do.
+// Grid: (N / 128 rounded up, ceil(M / kRows)), or (split blocks) with split-K; kThreads
+// threads, kSmemBytes of dynamic shared memory. kRow with act-order flags runs the per-stage
+// group path when the rows turn out to be in group order (decided per launch on the GPU, where
+// the host cannot read g_idx without a sync): the act-order layers of GPTQ checkpoints then
+// cost what group-ordered ones do.
 template <typename T, int kMBlocks, ScaleMode kMode>
 __global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
   if constexpr (kMode == ScaleMode::kRow) {
     if (p.row_group_flags != nullptr && rows_in_group_order(p)) {
-      if (p.row_groups_only) return;
       if (p.b_zeros != nullptr)
-        gemm_tile<T, kMBlocks, ScaleMode::kGroupZp>(p);
+        gemm_block<T, kMBlocks, ScaleMode::kGroupZp>(p);
       else
-        gemm_tile<T, kMBlocks, ScaleMode::kGroup>(p);
+        gemm_block<T, kMBlocks, ScaleMode::kGroup>(p);
       return;
     }
   }
-  gemm_tile<T, kMBlocks, kMode>(p);
-}
-
-// The register-lean 16-row kernel (W4K_W4A16_CUDA_LEAN=1; M <= 16): the same tile, warp split,
-// pipeline and mma sequence as w4a16_gemm_kernel<T, 1, kMode> (so the same bits), compiled for
-// kLeanBlocksPerSm blocks of 256 threads per SM (<= 80 registers a thread, no spills) to put more
-// warps in flight per scheduler. What it does differently is what held registers across the
-// main loop without being needed there: the epilogue's lane indices are recomputed after the
-// loop from fresh %tid.x / %ctaid.x reads, and the split-K sum walks one lane pointer in a loop
-// that is not unrolled (see finish_tile / store_tile). Scale paths: kChannel, kGroup, kGroupZp;
-// act-order in group order runs the kGroup / kGroupZp kernel with the gather's row_group_flags
-// (it returns at once when the rows are not in group order, and the launcher then also runs
-// the default kRow kernel with row_groups_only, which takes exactly that case). The row-group
-// path itself keeps its scales and zero constants of four rows in registers (36 of them on top
-// of the 32 accumulators) and has no lean form: it stays on the default kernel.
-constexpr int kLeanBlocksPerSm = 3;
-
-template <typename T, ScaleMode kMode>
-__global__ void __launch_bounds__(kThreads, kLeanBlocksPerSm)
-    w4a16_gemm_lean_kernel(const GemmParams p) {
-  static_assert(kMode != ScaleMode::kRow, "the row-group path has no lean kernel");
-  if constexpr (kMode != ScaleMode::kChannel) {
-    if (p.row_group_flags != nullptr && !rows_in_group_order(p)) return;
-  }
-  gemm_tile<T, 1, kMode, true>(p);
+  gemm_block<T, kMBlocks, kMode>(p);
 }
 
 // Act-order: a_perm[m, r] = a[m, perm[r]]. Grid (ceil(K / (8 * kThreads)), min(M, 65535)): a
@@ -855,20 +946,9 @@ inline int tile_m_blocks(int64_t size_m) {
 // one SM holds. On the GPU both are per device and fixed, so they are computed once per device
 // (first call; a race between two host threads only repeats the same work); the emulator's
 // limits come from the environment, so it asks every time.
-// The kernel of a configuration: w4a16_gemm_kernel, or with kLean (16 rows, not kRow) the lean one.
-template <typename T, int kMBlocks, ScaleMode kMode, bool kLean>
-constexpr auto gemm_kernel() {
-  if constexpr (kLean) {
-    static_assert(kMBlocks == 1 && kMode != ScaleMode::kRow, "no such lean kernel");
-    return &w4a16_gemm_lean_kernel<T, kMode>;
-  } else {
-    return &w4a16_gemm_kernel<T, kMBlocks, kMode>;
-  }
-}
-
-template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
+template <typename T, int kMBlocks, ScaleMode kMode>
 cudaError_t kernel_attributes(int* blocks_per_sm) {
-  auto* kernel = gemm_kernel<T, kMBlocks, kMode, kLean>();
+  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
   const int smem = StageLayout<kMBlocks>::kSmemBytes;
   auto query = [&](int* out) {
     cudaError_t err =
@@ -896,11 +976,11 @@ cudaError_t kernel_attributes(int* blocks_per_sm) {
   return err;
 }
 
-template <typename T, int kMBlocks, ScaleMode kMode, bool kLean = false>
+template <typename T, int kMBlocks, ScaleMode kMode>
 cudaError_t launch_tile(const GemmParams& p, dim3 grid, cudaStream_t stream) {
-  cudaError_t err = kernel_attributes<T, kMBlocks, kMode, kLean>(nullptr);
+  cudaError_t err = kernel_attributes<T, kMBlocks, kMode>(nullptr);
   if (err != cudaSuccess) return err;
-  auto* kernel = gemm_kernel<T, kMBlocks, kMode, kLean>();
+  auto* kernel = &w4a16_gemm_kernel<T, kMBlocks, kMode>;
   W4K_LAUNCH(kernel, grid, dim3(kThreads), StageLayout<kMBlocks>::kSmemBytes, stream, p);
   return cudaGetLastError();
 }
@@ -933,37 +1013,19 @@ cudaError_t dispatch_config(int m_blocks, ScaleMode mode, F&& f) {
   }
 }
 
-// The lean kernel's scale path for a plan's mode: kRow (act-order checked for group order on
-// the GPU) runs the group path, with zero points or without.
-inline ScaleMode lean_mode(ScaleMode mode, bool has_zp) {
-  if (mode != ScaleMode::kRow) return mode;
-  return has_zp ? ScaleMode::kGroupZp : ScaleMode::kGroup;
-}
-
-// Calls f(std::integral_constant<ScaleMode, kMode>) for the lean kernel's mode (not kRow).
-template <typename F>
-cudaError_t dispatch_lean(ScaleMode mode, F&& f) {
-  switch (mode) {
-    case ScaleMode::kChannel:
-      return f(std::integral_constant<ScaleMode, ScaleMode::kChannel>{});
-    case ScaleMode::kGroup:
-      return f(std::integral_constant<ScaleMode, ScaleMode::kGroup>{});
-    default:
-      return f(std::integral_constant<ScaleMode, ScaleMode::kGroupZp>{});
-  }
-}
-
 }  // namespace w4a16
 
 // How a w4a16_gemm call runs: tile configuration, scale mode and split-K. Made by
 // w4a16_gemm_plan (host), consumed by launch_w4a16_gemm; the binding allocates c_tmp_floats
-// floats of split-K scratch when splits > 1.
+// floats of split-K scratch when split_blocks > 0.
 struct W4a16Plan {
   int m_blocks = 1;  // rows per tile / 16
   w4a16::ScaleMode mode = w4a16::ScaleMode::kChannel;  // kRow without act-order: the binding
                                                        // passes g_idx = r / group_size
-  int64_t m_tiles = 0, n_tiles = 0;
-  int64_t splits = 1, stages_per_split = 0;
+  int64_t m_tiles = 0, n_tiles = 0, total_stages = 0;
+  // 0: one block per tile, over all of K. Else split-K: this many blocks share the tiles'
+  // stages in equal runs (GemmParams, split_run_begin).
+  int64_t split_blocks = 0;
   int64_t c_tmp_floats = 0;
   // Many tokens, grouped scales: dequantize once (marlin_dequant_kernel) into a dense [K, N]
   // weight that the binding multiplies with a matmul (launch_w4a16_gemm then runs only the
@@ -973,29 +1035,63 @@ struct W4a16Plan {
   // the GPU and the kernel takes the per-stage group path when the rows are in group order; the
   // binding passes row_group_flags_count() ints of scratch.
   bool check_row_groups = false;
-  // W4K_W4A16_CUDA_LEAN=1 and a 16-row tile: the register-lean kernel (w4a16_gemm_lean_kernel)
-  // for per-channel, group and act-order-in-group-order layers; act-order also launches the
-  // default kRow kernel for the row-group case (row_groups_only). Never set for the row-group
-  // path alone (no lean form) or the dense path.
-  bool lean = false;
   int64_t row_group_flags_count(int64_t size_k) const {
     return check_row_groups ? (size_k + 8 * w4a16::kThreads - 1) / (8 * w4a16::kThreads) : 0;
   }
 };
 
+namespace w4a16 {
+
+// Split-K is planned only up to this many tiles (the partition's 64-bit arithmetic, and far
+// past where the tiles alone fill a GPU).
+constexpr int64_t kMaxSplitTiles = int64_t{1} << 20;
+// At most this many split-K blocks (their c_tmp slots, 2 per block, are counted in int).
+constexpr int64_t kMaxSplitBlocks = (int64_t{1} << 30) - 1;
+
+// The split-K blocks for a problem (0: no split), the rule measured on an H200 (fp16, group 128,
+// CUDA graphs, M = 1..128 on 4096 x 4096, 4096 x 11008, 11008 x 4096, 8192 x 28672, against no
+// split and 1, 2 and 4 balanced blocks per SM; README "Measured on an H200"):
+// * fewer tiles than resident blocks: every tile cut into the same number of runs, as many as
+//   fill the resident slots (each run >= kMinStagesPerSplit stages), or only one block per SM
+//   when that already covers 3/4 of the SMs. Runs then end on tile boundaries: one pipeline per
+//   block. This was the fastest of all at M <= 16 (4096 x 11008: 258 blocks 0.0148 ms, 264
+//   balanced ones crossing tiles 0.0172, no split 0.0162) and wherever it splits at M = 64-128.
+// * at least as many tiles as resident blocks, the last wave short by over 5 %: one balanced
+//   run per resident block (a run crosses tiles: two or three pipelines). 4096 x 11008 at
+//   M = 128 (172 tiles of 64 rows, 132 resident): 0.0547 ms against 0.0651 for two waves of
+//   tiles; 8192 x 28672 at M = 64 / 128: 1.07x / 1.13x.
+// Anything else: no split (whole waves of tiles).
+inline int64_t choose_split_blocks(int64_t tiles, int64_t stages, int64_t num_sms,
+                                   int64_t blocks_per_sm) {
+  const int64_t resident = blocks_per_sm * num_sms;
+  if (tiles < resident) {
+    int64_t splits = resident / tiles;
+    const int64_t one_per_sm = num_sms / tiles;
+    if (one_per_sm >= 1 && 4 * tiles * one_per_sm >= 3 * num_sms)
+      splits = std::min(splits, one_per_sm);
+    splits = std::min(splits, stages / kMinStagesPerSplit);
+    return splits > 1 ? tiles * splits : 0;
+  }
+  const int64_t waves = (tiles + resident - 1) / resident;
+  const bool short_last_wave = 20 * waves * resident > 21 * tiles;
+  return short_last_wave && tiles * stages / resident >= kMinStagesPerSplit ? resident : 0;
+}
+
+}  // namespace w4a16
+
 // Chooses the configuration for a problem: the M tile from M (Marlin's 16/32/48/64 rows), the
-// scale mode from the grouping, and split-K from occupancy: the largest number of splits such
-// that all blocks are resident at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs),
-// each split keeps >= kMinStagesPerSplit stages, and the tile counters fit the workspace
-// (num_counters ints; 0 disables split-K). group_size: K / G; has_act_order: g_idx given.
-// lean: use the register-lean kernel where it applies (plan.lean), with its occupancy.
+// scale mode from the grouping, and split-K from the SM count and the occupancy API
+// (w4a16::choose_split_blocks), when the tile counters fit the workspace (num_counters ints; 0
+// disables split-K). split_blocks_override >= 0 replaces the choice (0: no split; else that
+// many blocks, at most one per stage of the problem): W4K_W4A16_SPLIT_BLOCKS, for measuring.
 // From dense_threshold rows of M on, grouped layers (G > 1) take the dense path instead; per
 // channel keeps the kernel, which applies the scale to the fp32 sum (no fp16/bf16 weight holds
 // (q - z) * s unrounded).
 template <typename T>
 cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
                             bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
-                            int64_t dense_threshold, W4a16Plan* plan, bool lean) {
+                            int64_t dense_threshold, W4a16Plan* plan,
+                            int64_t split_blocks_override = -1) {
   using namespace w4a16;
   W4a16Plan pl;
   pl.m_blocks = tile_m_blocks(size_m);
@@ -1017,52 +1113,25 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
   }
   pl.m_tiles = (size_m + 16 * pl.m_blocks - 1) / (16 * pl.m_blocks);
   pl.n_tiles = (size_n + kTileN - 1) / kTileN;
-  const int64_t total_stages = (size_k + kStageK - 1) / kStageK;
-  pl.stages_per_split = total_stages;
-  pl.lean = lean && pl.m_blocks == 1 && (pl.mode != ScaleMode::kRow || pl.check_row_groups);
-  int blocks_per_sm = 0;
-  const cudaError_t err =
-      pl.lean ? dispatch_lean(lean_mode(pl.mode, has_zp),
-                              [&](auto mode) {
-                                return kernel_attributes<T, 1, decltype(mode)::value, true>(
-                                    &blocks_per_sm);
-                              })
-              : dispatch_config(pl.m_blocks, pl.mode, [&](auto mb, auto mode) {
-                  return kernel_attributes<T, decltype(mb)::value, decltype(mode)::value>(
-                      &blocks_per_sm);
-                });
-  if (err != cudaSuccess) return err;
-  const int64_t resident = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 1) * num_sms;
+  pl.total_stages = (size_k + kStageK - 1) / kStageK;
   const int64_t tiles = pl.m_tiles * pl.n_tiles;
-  if (tiles < resident && tiles <= num_counters) {
-    // Fill every block slot, except when one block per SM already covers >= 3/4 of the SMs:
-    // then fewer, longer splits (less per-block start-up and reduction). Measured on an H100
-    // at M = 1 and 16 (devprobe sweep, 2026-11-24): K x N = 4096 x 4096 and 11008 x 4096
-    // (32 tiles) took 4 splits in 0.89-0.95x the time of 8; 4096 x 11008 (86 tiles: 65 % of
-    // the SMs with one each) was fastest filling both slots (3 splits).
-    int64_t splits = resident / tiles;
-    const int64_t one_per_sm = num_sms / tiles;
-    if (one_per_sm >= 1 && 4 * tiles * one_per_sm >= 3 * static_cast<int64_t>(num_sms))
-      splits = std::min(splits, one_per_sm);
-    const int64_t max_splits = total_stages / kMinStagesPerSplit;
-    if (splits > max_splits) splits = max_splits;
-    if (splits > 1) {
-      pl.stages_per_split = (total_stages + splits - 1) / splits;
-      pl.splits = (total_stages + pl.stages_per_split - 1) / pl.stages_per_split;
+  if (tiles <= num_counters && tiles <= kMaxSplitTiles) {
+    if (split_blocks_override >= 0) {
+      pl.split_blocks =
+          std::min({split_blocks_override, tiles * pl.total_stages, kMaxSplitBlocks});
+    } else {
+      int blocks_per_sm = 0;
+      const cudaError_t err = dispatch_config(pl.m_blocks, pl.mode, [&](auto mb, auto mode) {
+        return kernel_attributes<T, decltype(mb)::value, decltype(mode)::value>(&blocks_per_sm);
+      });
+      if (err != cudaSuccess) return err;
+      pl.split_blocks = choose_split_blocks(tiles, pl.total_stages, std::max(num_sms, 1),
+                                            std::max(blocks_per_sm, 1));
     }
   }
-  if (pl.splits > 1) pl.c_tmp_floats = tiles * pl.splits * 16 * pl.m_blocks * kTileN;
+  if (pl.split_blocks > 0) pl.c_tmp_floats = 2 * pl.split_blocks * 16 * pl.m_blocks * kTileN;
   *plan = pl;
   return cudaSuccess;
-}
-
-// The default kernels' plan (no lean kernel).
-template <typename T>
-cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t num_groups,
-                            bool has_act_order, bool has_zp, int num_sms, int64_t num_counters,
-                            int64_t dense_threshold, W4a16Plan* plan) {
-  return w4a16_gemm_plan<T>(size_m, size_n, size_k, num_groups, has_act_order, has_zp, num_sms,
-                            num_counters, dense_threshold, plan, false);
 }
 
 // out [M, N] = a [M, K] (act-order: a[:, perm]) times the Marlin weight; see the header comment
@@ -1072,7 +1141,7 @@ cudaError_t w4a16_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int6
 // lda % 8 == 0; g_idx given when plan.mode is kRow (without act-order: g_idx[r] = r / group_size);
 // perm given only for act-order; a_perm_tmp: M * K elements of T when perm is given;
 // row_group_flags_tmp: plan.row_group_flags_count(K) ints (no initial value needed); with
-// plan.splits > 1, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
+// plan.split_blocks > 0, c_tmp holds plan.c_tmp_floats floats and counters plan.m_tiles *
 // plan.n_tiles zeroed ints (left zeroed). plan.dense: w_dense_tmp holds K * N elements of T
 // (16-byte aligned); only the gather and the dequantization run (out is left to the caller).
 template <typename T>
@@ -1114,7 +1183,9 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   p.size_k = static_cast<int>(size_k);
   p.num_groups = static_cast<int>(num_groups);
   p.group_size = static_cast<int>(size_k / num_groups);
-  p.stages_per_split = static_cast<int>(plan.stages_per_split);
+  p.n_tiles = static_cast<int>(plan.n_tiles);
+  p.split_blocks = static_cast<int>(plan.split_blocks);
+  p.units = plan.m_tiles * plan.n_tiles * plan.total_stages;
   p.c_tmp = c_tmp;
   p.counters = counters;
   if (plan.dense) {
@@ -1124,19 +1195,10 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
     W4K_LAUNCH(dequant, grid, dim3(kThreads), 0, stream, p, w_dense_tmp);
     return cudaGetLastError();
   }
-  const dim3 grid(static_cast<unsigned>(plan.n_tiles), static_cast<unsigned>(plan.m_tiles),
-                  static_cast<unsigned>(plan.splits));
-  if (plan.lean) {
-    const cudaError_t err = dispatch_lean(lean_mode(plan.mode, b_zeros != nullptr), [&](auto mode) {
-      return launch_tile<T, 1, decltype(mode)::value, true>(p, grid, stream);
-    });
-    if (err != cudaSuccess || plan.mode != ScaleMode::kRow) return err;
-    // Act-order: rows out of group order (decided on the GPU) take the default kernel's
-    // row-group path; it returns at once otherwise. The split-K counters are left zero by
-    // whichever of the two ran.
-    p.row_groups_only = 1;
-    return launch_tile<T, 1, ScaleMode::kRow>(p, grid, stream);
-  }
+  const dim3 grid = plan.split_blocks > 0
+                        ? dim3(static_cast<unsigned>(plan.split_blocks))
+                        : dim3(static_cast<unsigned>(plan.n_tiles),
+                               static_cast<unsigned>(plan.m_tiles));
   return dispatch_config(plan.m_blocks, plan.mode, [&](auto mb, auto mode) {
     return launch_tile<T, decltype(mb)::value, decltype(mode)::value>(p, grid, stream);
   });

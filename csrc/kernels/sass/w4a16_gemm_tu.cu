@@ -3,10 +3,10 @@
 #include "kernels/w4a16_gemm.cuh"
 
 template cudaError_t w4k::w4a16_gemm_plan<half>(int64_t, int64_t, int64_t, int64_t, bool, bool,
-                                                int, int64_t, int64_t, W4a16Plan*);
+                                                int, int64_t, int64_t, W4a16Plan*, int64_t);
 template cudaError_t w4k::w4a16_gemm_plan<__nv_bfloat16>(int64_t, int64_t, int64_t, int64_t,
                                                          bool, bool, int, int64_t, int64_t,
-                                                         W4a16Plan*);
+                                                         W4a16Plan*, int64_t);
 template cudaError_t w4k::launch_w4a16_gemm<half>(const W4a16Plan&, const half*, int64_t,
                                                   const uint32_t*, const half*, const uint32_t*,
                                                   const int32_t*, const int32_t*, half*, int*,
