@@ -13,10 +13,11 @@ Variants covered (the kernel's template/launch choices, not only the ops):
 * awq_gemm with split_k_iters 1 and 8 (split-K reduction), M = 1 and 33;
 * w4a16_gemm: M = 1, 17, 33, 64, 65 (16-, 32-, 48-, 64-row tiles and two row tiles), every
   scale path (per-channel, groups 32/64/128 with and without zero points, act-order with
-  ``is_k_full`` True and False, group 96 through the row-group path), bias, fp16 and bf16, N = 192
-  (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters; runs
-  across tiles, forced and the planner's for 224 tiles) and a launch without split-K (K = 128 is one pipeline stage); M >= 256, the dense path
-  (marlin_dequant_kernel, the gather, a matmul) with zero points, act-order and a shard.
+  ``is_k_full`` True and False, group 96 through the row-group path), bias, fp16 and bf16, N =
+  192 (a half-empty 128-column tile); split-K (M = 1, N = 256, K = 4096: arrival counters; runs
+  across tiles, forced and the planner's for 224 tiles) and a launch without split-K (K = 128 is
+  one pipeline stage); M >= 256, the dense path (marlin_dequant_kernel, the gather, a matmul)
+  with zero points, act-order and a shard.
 
     python scripts/gpu_sanitize_cases.py              # the CUDA kernels on the GPU
     python scripts/gpu_sanitize_cases.py --simt       # the same kernels under the SIMT emulator

@@ -42,17 +42,6 @@ W4K_PTX int thread_index_x() {
 #endif
 }
 
-// blockIdx.x read afresh (mov from %ctaid.x, volatile), for the same reason.
-W4K_PTX int block_index_x() {
-#if W4K_SIMT
-  return static_cast<int>(blockIdx.x);
-#else
-  int b;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
-  return b;
-#endif
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tensor core mma: D = A*B + C, m16n8k16, A row-major, B column-major ("row.col"), f32
 // accumulators in place (c is read and written). Fragment layout, g = lane/4, t = lane%4:

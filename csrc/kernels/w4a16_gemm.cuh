@@ -58,15 +58,15 @@
 //
 // Split-K, without any block waiting for another, balanced over the SMs (stream-K's partition):
 // when the tiles alone would leave SMs idle or unevenly loaded (224 tiles on 132 SMs: some SMs
-// run two tiles, some one), the (tile, stage) units, tile-major, are cut into B equal
-// contiguous runs, one per block (w4a16::choose_split_blocks picks B from the SM count and the
-// occupancy API, by a rule measured on an H200). A run covers the end of one tile, whole tiles, the start of another; the
-// block runs one pipeline per tile it touches (a segment). A segment that covers its whole tile
-// writes the output; the others write their fp32 partial tile to c_tmp and bump the tile's
-// arrival counter in the workspace, and the block that arrives last (sees parts - 1) adds all
-// partial tiles in block order (so the bits do not depend on which block ran when), adds the
-// bias, writes the output and resets the counter to 0. The workspace must be zero on first use
-// and is left zero.
+// run two tiles, some one), the (tile, stage) units, tile-major, are cut into B equal contiguous
+// runs, one per block (w4a16::choose_split_blocks picks B from the SM count and the occupancy
+// API, by a rule measured on an H200). A run covers the end of one tile, whole tiles, the start
+// of another; the block runs one pipeline per tile it touches (a segment). A segment that covers
+// its whole tile writes the output; the others write their fp32 partial tile to c_tmp and bump
+// the tile's arrival counter in the workspace, and the block that arrives last (sees parts - 1)
+// adds all partial tiles in block order (so the bits do not depend on which block ran when),
+// adds the bias, writes the output and resets the counter to 0. The workspace must be zero on
+// first use and is left zero.
 //
 // Act-order: a first kernel gathers A's columns through perm (8 columns per thread, 16-byte
 // stores; out-of-range perm entries give zero columns).
@@ -575,7 +575,7 @@ __device__ __forceinline__ void finish_tile(const GemmParams& p, float (&acc)[kM
   store_tile<T, kMBlocks, kMode>(p, acc, lane, chunk, m0);
 }
 
-// One block's share of one output tile, segment seg_index of its work (the kernel below, for
+// One block's share of one output tile, the segment seg in shared memory (the kernel below, for
 // one scale path).
 template <typename T, int kMBlocks, ScaleMode kMode>
 __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& seg) {
@@ -587,7 +587,7 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   // A volatile read of %tid.x: nothing derived from the thread index is hoisted out of the
   // segment loop (gemm_block), where it would stay live through the epilogue.
   const int t = ptx::thread_index_x(), warp = t / 32, lane = t % 32;
-  const int warp_n = warp % 2;  // column half: Marlin chunk 2 * blockIdx.x + warp_n
+  const int warp_n = warp % 2;  // column half: Marlin chunk 2 * seg.n_blk + warp_n
   const int warp_k = warp / 2;  // k-tiles 2 * warp_k, 2 * warp_k + 1 of each stage
   const int n_blk = seg.n_blk;
   const int m0 = seg.m_blk * L::kRows;
