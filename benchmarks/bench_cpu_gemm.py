@@ -359,19 +359,21 @@ INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also r
 
 
 def with_isa(built, isa):
-    """The method's calls run with W4K_CPU_ISA=isa (read by the op at each call)."""
+    """The method's calls run with W4K_CPU_ISA=isa, or for isa "noamx" with W4K_CPU_AMX=0 (the
+    AVX-512 paths without AMX tiles); both are read by the op at each call."""
     wb, c, fn = built
+    key, value = ("W4K_CPU_AMX", "0") if isa == "noamx" else ("W4K_CPU_ISA", isa)
 
     def call(x, i):
-        old = os.environ.get("W4K_CPU_ISA")
-        os.environ["W4K_CPU_ISA"] = isa
+        old = os.environ.get(key)
+        os.environ[key] = value
         try:
             return fn(x, i)
         finally:
             if old is None:
-                del os.environ["W4K_CPU_ISA"]
+                del os.environ[key]
             else:
-                os.environ["W4K_CPU_ISA"] = old
+                os.environ[key] = old
     return wb, c, call
 
 
@@ -444,8 +446,9 @@ def main(argv=None):
                     help="also time every point while P busy processes run; print slowdowns")
     ap.add_argument("--isa", default="", metavar="LIST",
                     help="also time awq_gemm, w4a16 and the int8 mode (w4a8, awq_gemm_a8) with "
-                         "W4K_CPU_ISA set to each of these (e.g. avx2,scalar): rows 'awq_gemm "
-                         "bf16 @avx2', 'w4a8 gptq bf16 @avx2', ... in the same run")
+                         "W4K_CPU_ISA set to each of these (e.g. avx2,scalar; noamx: "
+                         "W4K_CPU_AMX=0 instead): rows 'awq_gemm bf16 @avx2', 'w4a8 gptq bf16 "
+                         "@avx2', ... in the same run")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)

@@ -10,7 +10,9 @@ same roundings and the same fma chain per output, so the bits must agree. The AV
 kernel in either summation order and must give the same bits too. On a CPU without AVX-512 the
 "avx512" runs fall back to AVX2, without AVX2 both fall back to the portable code (the tests then
 compare a path with itself: they still check threads and the float64 reference). The
-results are also checked against the float64 reference (tests/numerics.py bound).
+results are also checked against the float64 reference (tests/numerics.py bound). On a CPU with
+AMX the bf16 tile path would use AMX tiles, which sum in their own order: these tests turn them
+off (W4K_CPU_AMX=0); test_cpu_amx.py tests that path.
 """
 
 import pytest
@@ -36,6 +38,9 @@ def _awq(size_k, size_n, group_size, dtype, seed):
 
 def _run(monkeypatch, isa, threads, x, qw, s, qz):
     monkeypatch.setenv("W4K_CPU_ISA", isa)
+    # The vdpbf16ps path on a CPU with AMX too: AMX tiles add in their own order (their own
+    # bits, tested in test_cpu_amx.py).
+    monkeypatch.setenv("W4K_CPU_AMX", "0")
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

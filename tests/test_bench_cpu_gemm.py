@@ -72,3 +72,12 @@ def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():
     c = bench.n_copies(nbytes, quick=False)
     assert isinstance(c, int) and c * nbytes >= 4 * bench.L3_BYTES
     assert bench.n_copies(nbytes, quick=True) == 2
+
+
+def test_bench_cpu_gemm_noamx_rows():
+    """--isa noamx adds rows run with W4K_CPU_AMX=0 (the vdpbf16ps paths on an AMX CPU; the
+    same paths as the plain rows elsewhere)."""
+    stdout = _bench("--isa", "noamx", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16")
+    rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
+    names = {" ".join(r[1:-7]) for r in rows}
+    assert {"awq_gemm bf16 @noamx", "w4a16 gptq bf16 @noamx"} <= names, stdout

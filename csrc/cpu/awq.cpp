@@ -227,7 +227,8 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
   const bool simd = isa == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
                     __builtin_cpu_supports("avx512vbmi");
   if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, xf);
-  const bool lut = awq_cpu::lut_path_applies<D>(pb);
+  const bool amx = simd && D == awq_cpu::Dtype::kBFloat16 && cpu::amx_bf16_enabled();
+  const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
   // Work items: (column chunk, block of rows of x).
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
                                  : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
@@ -245,7 +246,7 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
     else if (lut)
       awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
     else if (simd)
-      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats));
+      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats), amx);
     else
       awq_cpu::chunk_scalar<D>(pb, n0, n1);
   });

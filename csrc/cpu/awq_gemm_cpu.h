@@ -36,9 +36,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <algorithm>
+
+#include "cpu/amx_bf16.h"
 
 namespace w4k {
 namespace awq_cpu {
@@ -373,9 +376,11 @@ W4K_AWQ_AVX512 void strip_all_rows(const Problem& pb, const float* xf, int64_t k
 
 // Columns [n_begin, n_end) (n_begin a multiple of 64; n_end a multiple of 8) of the output.
 // The strip loop is outside the block loop so a chunk's rows (2 lines each) are read once.
+// amx: bf16 only, the strips' products on AMX tiles (cpu/amx_bf16.h: the same pair rows as B
+// tiles, x as the A tiles; its own fp32 summation inside each step of 32 k).
 template <Dtype D>
 W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_begin, int64_t n_end,
-                                 float* scratch) {
+                                 float* scratch, bool amx = false) {
   const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
   const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
   const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * M * 64, [m][lane]
@@ -385,6 +390,7 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
   constexpr int64_t kStrip = kTileStripRows<D>;
   const BlockParams* rows[kStrip];
   std::memset(acc, 0, sizeof(float) * pb.size_m * nblocks * kBlockN);
+  cpu::AmxTileScope amx_tiles(D == Dtype::kBFloat16 && amx);
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStrip) {
     const int64_t kb = std::min(kStrip, pb.size_k - k0);
     const int64_t g0 = k0 / group_size, g1 = (k0 + kb - 1) / group_size;
@@ -399,6 +405,13 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
         decode_strip<D, true>(q, ldq, kb, words, rows, tile);
       else
         decode_strip<D, false>(q, ldq, kb, words, rows, tile);
+#ifdef W4K_HAVE_AMX_PATH
+      if (D == Dtype::kBFloat16 && amx) {
+        cpu::amx_bf16_rows(pb.x + k0, pb.ldx, reinterpret_cast<const uint32_t*>(tile), kb,
+                           acc + b * pb.size_m * kBlockN, pb.size_m);
+        continue;
+      }
+#endif
       strip_all_rows<D>(pb, xf, k0, kb, tile, acc + b * pb.size_m * kBlockN, ldacc);
     }
   }

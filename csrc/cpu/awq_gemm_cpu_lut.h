@@ -45,9 +45,16 @@ inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 // path was faster from M = 5.
 constexpr int64_t kLutMaxMBf16 = 8;
 constexpr int64_t kLutMaxMFp16 = 7;
+// With AMX tiles (bf16 on the AVX-512 path; cpu/amx_bf16.h) the tile path takes over from
+// kLutMaxMBf16Amx + 1 rows (measured in awq.cpp, awq_gemm_run). W4K_AWQ_LUT_ROWS overrides the
+// limit of every path (tests and benchmarks compare the paths with it).
+constexpr int64_t kLutMaxMBf16Amx = 4;
 template <Dtype D>
-inline bool lut_path_applies(const Problem& pb) {
-  const int64_t max_m = D == Dtype::kBFloat16 ? kLutMaxMBf16 : kLutMaxMFp16;
+inline bool lut_path_applies(const Problem& pb, bool amx = false) {
+  const char* env = std::getenv("W4K_AWQ_LUT_ROWS");
+  const int64_t max_m = env ? std::atoll(env)
+                        : D == Dtype::kBFloat16 ? (amx ? kLutMaxMBf16Amx : kLutMaxMBf16)
+                                                : kLutMaxMFp16;
   return pb.size_m <= max_m && pb.size_k % 16 == 0 && (pb.size_k / pb.groups) % 16 == 0;
 }
 

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/amx_bf16.h"
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_avx2.h"
 #include "cpu/w4a16_gemm_avx512.h"
@@ -128,9 +129,13 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // level to 9 % apart either way, so the blocked path keeps them. (Before each load of a row's
 // activation vector served two vdpbf16ps, pair_pass_avx512, the decode path lost to the blocked
 // path from 4 or 5 rows.)
-inline int64_t w4a16_gemm_pair_max_rows() {
+// With AMX tiles (bf16, amx_bf16.h) the blocked path takes over from 5 rows: measured
+// 2026-11-27 on the Intel Xeon (AMX-BF16) machine, 11008 x 4096, g128, 2 threads, min of 10
+// calls, ms decode path / blocked AMX: M = 2 2.23 / 3.80, 3 3.56 / 4.90, 4 4.23 / 4.83, 5 5.20 /
+// 4.64, 6 6.36 / 4.86, 8 6.71 / 3.87.
+inline int64_t w4a16_gemm_pair_max_rows(bool amx = false) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : 8;
+  return env ? std::atoll(env) : amx ? 4 : 8;
 }
 
 // srow[r] / zrow[r] (r = 0..15): the decoded scales and zero points (decode_chunk_groups' sc and
@@ -640,8 +645,9 @@ inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t row
   W4a16RowPaths r;
   r.use_dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && has_a_bf16;
   r.use_lut = avx512 && tiles_ok && rows <= w4a16_gemm_lut_max_rows(fp16);
+  const bool amx = r.use_dpbf16 && amx_bf16_enabled();
   r.use_pairs = avx512 && (fp16 || has_a_bf16) && tiles_ok &&
-                rows <= w4a16_gemm_pair_max_rows();
+                rows <= w4a16_gemm_pair_max_rows(amx);
   r.decode_order = !avx512 && decode_order_applies(p);
   r.lut_order = !avx512 && !r.decode_order && fp16 && tiles_ok &&
                 rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
@@ -678,7 +684,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // process, medians), 4096 x 4096 / 11008 x 4096, ms for 256 / 64 rows: M = 8 1.66 / 1.28 and
   // 4.02 / 3.05; M = 16 2.17 / 1.95 and 5.64 / 5.28; M = 32 3.43 / 3.29 and 9.12 / 8.95;
   // M = 64 5.95 / 6.08 and 15.8 / 16.1; M = 256 21.2 / 21.8 and 58.7 / 60.5.
-  const int64_t kKc = use_dpbf16 && rows > 32 ? 256 : 64;
+  // With AMX tiles (amx_bf16.h) 1024 rows at every M (128 KiB of pairs, in L2): each row
+  // block's C tiles then stay in registers over 32 steps of 32 k. Measured 2026-11-27 (2
+  // threads, min of 6-12 calls, a noisy machine; blocks of 256 / 1024 / 4096 rows): 11008 x 4096
+  // M = 64 16.2 / 13.3 / 11.8 ms (one thread), M = 256 27.8 / 19.4 / 17.1; 4096 x 11008 M = 64
+  // 10.0 / 8.9 / 9.4, M = 256 37.1 / 26.8 / 30.5; M <= 16 level.
+  const bool use_amx = use_dpbf16 && paths.blocked() && amx_bf16_enabled();
+  const int64_t kKc = use_amx ? 1024 : use_dpbf16 && rows > 32 ? 256 : 64;
   // The vdpbf16ps path decodes one-group k-tiles by table lookups
   // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
@@ -776,6 +788,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool fp32_groups =
       !lut_decode || use_lut || chan_scale != nullptr ||
       std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
+  AmxTileScope amx_tiles(use_amx);
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     if (fp32_groups) decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
     int64_t tbl_group = -1;  // the group pair_tbl holds (tables are per chunk)
@@ -862,6 +875,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
       const float* a_block = p.a ? p.a + m0 * p.lda + kb : nullptr;  // (none with vdpbf16ps)
 #ifdef W4K_HAVE_AVX512_PATH
+#ifdef W4K_HAVE_AMX_PATH
+      if (use_amx) {
+        amx_bf16_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
+                      reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(), rows);
+        continue;
+      }
+#endif
       if (use_dpbf16) {
         micro_bf16_avx512_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
                                reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(),

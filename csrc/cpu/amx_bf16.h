@@ -1,0 +1,181 @@
+// AMX-BF16 micro-kernel shared by the blocked bf16 paths of w4a16_gemm and awq_gemm (torch-free).
+//
+// Both paths decode a k-block of 64 weight columns into "pair rows": pair row P is 64 32-bit
+// lanes, lane x holding the bf16 weights of k-rows 2P (low half) and 2P + 1 (high half) of
+// column x. That is exactly the B operand of TDPBF16PS (16 pair rows x 16 columns x 2 bf16 per
+// tile row), so a 64-column pair block is four B tiles side by side (row stride 256 bytes), and
+// the bf16 activations [M, K] are the A operand as they lie in memory (16 rows x 32 k, row
+// stride lda). Per 16 rows of a: four C tiles (16 x 64 fp32) stay in tile registers over the
+// k-block, each step of 32 k is one A load, four B loads and four TDPBF16PS (16 x 16 x 32
+// multiply-adds each).
+//
+// Numerics: the products a * w are exact in fp32 (bf16 x bf16), as on the vdpbf16ps path, but
+// TDPBF16PS adds the 32 products of a step into the fp32 accumulator in its own way, which is
+// not the vdpbf16ps chain (odd k before even, one rounding per product) the other paths share:
+// measured on this project's Intel Xeon (Sapphire/Emerald Rapids class), one pair alone is
+// added as fl(c + fl(p_even + p_odd)), and 2..16 pairs match neither a sequential nor a tree
+// order of rounded fp32 additions nor one exact sum rounded once. So the AMX path gives its
+// own bits: a float32 summation of the same exact products, inside the contract's tolerance
+// (fp32 accumulation), and the same for every thread count and work split (the 32-k steps are
+// aligned to k = 0 and each output is summed by one chain of steps in k order). Where all the
+// sums are exact (small-integer inputs) it gives the contract's bits. W4K_CPU_AMX=0 turns the
+// path off (the vdpbf16ps path, whose bits every other ISA shares).
+//
+// Edges: a last k-step of fewer than 32 k (K a multiple of 16 but not of 32; awq_gemm's odd K)
+// and a last row block of fewer than 16 rows go through zero-padded copies of their A rows, B
+// pair rows and C rows, so no tile load reads past an operand (and no stale value, which might
+// be an Inf or a NaN, meets a zero).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__) && \
+    !defined(W4K_NO_AVX512)
+#define W4K_HAVE_AMX_PATH 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace w4k::cpu {
+
+#ifdef W4K_HAVE_AMX_PATH
+
+// The CPU has AMX-TILE and AMX-BF16, the OS saves their state (XCR0 bits 17 and 18), and Linux
+// granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA;
+// Linux 5.16+). Asked once per process.
+inline bool amx_bf16_available() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;  // AMX-TILE, AMX-BF16
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// The AMX path runs where the CPU has it and W4K_CPU_AMX is not "0" (read at each call, so
+// tests and benchmarks can compare it with the vdpbf16ps path in one process).
+inline bool amx_bf16_enabled() {
+  const char* env = std::getenv("W4K_CPU_AMX");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  return amx_bf16_available();
+}
+
+// Tiles 0..3: C (16 rows x 16 fp32), 4: A (16 rows x 32 bf16), 5 and 6: B (16 pair rows x 16
+// columns). Configured for the scope of one work item on its thread, released at its end (a
+// released thread has no tile state for the OS to save on a context switch).
+class AmxTileScope {
+ public:
+  explicit AmxTileScope(bool on) : on_(on) {
+    if (on_) configure();
+  }
+  ~AmxTileScope() {
+    if (on_) release();
+  }
+  AmxTileScope(const AmxTileScope&) = delete;
+  AmxTileScope& operator=(const AmxTileScope&) = delete;
+
+ private:
+  struct Config {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  };
+  __attribute__((target("amx-tile"))) static void configure() {
+    alignas(64) Config cfg{};
+    cfg.palette_id = 1;
+    for (int t = 0; t < 7; ++t) {
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = 64;
+    }
+    // (Not _tile_loadconfig: GCC 12's declares only 8 bytes of the 64 as read by the asm, and
+    // the stores to the rest were dropped as dead: ldtilecfg then faulted on garbage.)
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+  }
+  __attribute__((target("amx-tile"))) static void release() { _tile_release(); }
+  bool on_;
+};
+
+// acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64] for i < rows, k < kc: a bf16 (16-bit
+// patterns), w as ceil(kc / 2) pair rows of 64 lanes (row stride 64; an odd kc's last pair row
+// holds (w[kc - 1], 0)), acc fp32 with row stride 64. Needs an AmxTileScope on this thread.
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
+    const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc,
+    int64_t rows) {
+  constexpr int64_t kStepK = 32, kRowBlock = 16, kCStride = 64 * 4, kBStride = 64 * 4;
+  const int64_t full_k = kc / kStepK * kStepK, tail_k = kc - full_k;
+  alignas(64) uint32_t b_tail[16 * 64];  // the last step's pair rows, zero-padded to 16
+  alignas(64) uint16_t a_pad[16 * 32];   // one step's A rows, zero-padded
+  alignas(64) float c_pad[16 * 64];      // a partial row block's accumulators
+  if (tail_k) {
+    const int64_t pairs = (tail_k + 1) / 2;
+    std::memcpy(b_tail, wpairs + full_k / 2 * 64, sizeof(uint32_t) * 64 * pairs);
+    std::memset(b_tail + 64 * pairs, 0, sizeof(uint32_t) * 64 * (16 - pairs));
+  }
+  // Step k0 of rows [i0, i0 + r) into tile 4: straight from a when the step is whole, else
+  // through a_pad (rows >= r and k >= kc - k0 zero).
+  auto load_a = [&](int64_t i0, int64_t r, int64_t k0) {
+    const int64_t width = std::min(kStepK, kc - k0);
+    if (r == kRowBlock && width == kStepK) {
+      _tile_loadd(4, a + i0 * lda + k0, lda * 2);
+      return;
+    }
+    std::memset(a_pad, 0, sizeof(a_pad));
+    for (int64_t i = 0; i < r; ++i)
+      std::memcpy(a_pad + i * 32, a + (i0 + i) * lda + k0, sizeof(uint16_t) * width);
+    _tile_loadd(4, a_pad, 64);
+  };
+  for (int64_t i0 = 0; i0 < rows; i0 += kRowBlock) {
+    const int64_t r = std::min(kRowBlock, rows - i0);
+    float* c = acc + i0 * 64;
+    if (r < kRowBlock) {
+      std::memcpy(c_pad, c, sizeof(float) * 64 * r);
+      std::memset(c_pad + 64 * r, 0, sizeof(float) * 64 * (kRowBlock - r));
+      c = c_pad;
+    }
+    _tile_loadd(0, c, kCStride);
+    _tile_loadd(1, c + 16, kCStride);
+    _tile_loadd(2, c + 32, kCStride);
+    _tile_loadd(3, c + 48, kCStride);
+    for (int64_t k0 = 0; k0 < kc; k0 += kStepK) {
+      load_a(i0, r, k0);
+      const uint32_t* w = k0 < full_k ? wpairs + k0 / 2 * 64 : b_tail;
+      _tile_loadd(5, w, kBStride);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, w + 16, kBStride);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(5, w + 32, kBStride);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_loadd(6, w + 48, kBStride);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+    _tile_stored(0, c, kCStride);
+    _tile_stored(1, c + 16, kCStride);
+    _tile_stored(2, c + 32, kCStride);
+    _tile_stored(3, c + 48, kCStride);
+    if (r < kRowBlock) std::memcpy(acc + i0 * 64, c_pad, sizeof(float) * 64 * r);
+  }
+}
+
+#else
+
+inline bool amx_bf16_available() { return false; }
+inline bool amx_bf16_enabled() { return false; }
+class AmxTileScope {
+ public:
+  explicit AmxTileScope(bool) {}
+};
+
+#endif
+
+}  // namespace w4k::cpu
