@@ -613,6 +613,108 @@ W4K_W4A16_AVX2 inline void lookup_order_chunk_avx2(const W4a16GemmProblem& p, in
 }
 #endif
 
+// The blocked path's outputs of chunk ch, rows [m0, m0 + rows): sums[i][x] (wbuf column order)
+// through the epilogue into p.c, or (p.out16) into row_tmp and rounded from there.
+inline void write_chunk_out(const W4a16GemmProblem& p, int64_t ch, int64_t m0, int64_t rows,
+                            const float* chan_scale, const float* sums, bool avx512) {
+  alignas(64) float row_tmp[64];
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t out_at = (m0 + i) * p.size_n + 64 * ch;
+    float* c_row = p.out16 ? row_tmp : p.c + out_at;
+    const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
+#ifdef W4K_HAVE_AVX512_PATH
+    if (avx512 && chan_scale == nullptr)
+      write_chunk_row_grouped_avx512(sums + i * 64, bias, c_row);
+    else
+#endif
+      write_chunk_row(p, ch, chan_scale, sums + i * 64, c_row);
+    if (p.out16) narrow_c_row(row_tmp, 64, p.weight_type, avx512, p.out16 + out_at);
+  }
+}
+
+#ifdef W4K_HAVE_AMX_PATH
+// The blocked bf16 path on AMX tiles (amx_bf16.h), for chunks [chunk_begin, chunk_end) x rows
+// [m0, m0 + rows). The weights are decoded exactly as on the vdpbf16ps path (pair rows; table
+// lookups for one-group k-tiles, the fp32 decode for the others); the loops: k-blocks of 256
+// rows outside (a's 256-column slice, rows x 512 bytes, stays in L2 for every chunk of the
+// item), chunks inside, each decoded (32 KiB of pair rows) and multiplied by every row block
+// while its pairs are in L1. Every chunk's accumulators (rows x 64 fp32) persist across the
+// k-blocks. Measured 2026-11-27 (11008 x 4096, bf16 g128, one thread, min of 4-5 calls, a noisy
+// machine): M = 256 74 ms with the vdpbf16ps path's order (chunks outside: a read from L3 once per
+// chunk) -> 40 (64-byte aligned buffers: tile rows split across two lines had halved the tiles'
+// rate) -> 32-34 (this order; all chunks decoded before the tiles run: 40); M = 16 8.3, level
+// with the others. Decoding the next chunk while the tiles multiply the last (two buffers) and
+// k-blocks of 128 or 512 rows were no faster.
+inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int64_t chunk_end,
+                             int64_t m0, int64_t rows, const int32_t* tile_group, bool pair_lut) {
+  constexpr int64_t kKc = 256, kPairWords = kKc / 2 * 64;
+  const int64_t nch = chunk_end - chunk_begin, num_tiles = p.size_k / 16;
+  const int64_t gstride = p.num_groups * 64;
+  const bool has_zp = p.zeros != nullptr, per_channel = p.num_groups == 1;
+  const bool any_mixed = std::any_of(tile_group, tile_group + num_tiles,
+                                     [](int32_t g) { return g < 0; });
+  // fp32 scales / zero points (decode_chunk_groups) where the fp32 decode or the per-channel
+  // epilogue needs them
+  const bool fp32_groups = !pair_lut || per_channel || any_mixed;
+  std::vector<float> sc(fp32_groups ? nch * gstride : 0);
+  std::vector<float> zf(fp32_groups && has_zp ? nch * gstride : 0);
+  std::vector<float> chan(per_channel ? nch * 64 : 0);
+  Vector64<uint32_t> pairs(kPairWords);  // one chunk's k-block
+  Vector64<float> acc(nch * rows * 64, 0.0f);
+  std::vector<uint16_t> tbl(nch * 16 * 64);  // each chunk's pair table (16 x 64 entries)
+  std::vector<int64_t> tbl_group(nch, -1);   // the group it holds
+  if (fp32_groups)
+    for (int64_t c = 0; c < nch; ++c)
+      decode_chunk_groups(p, chunk_begin + c, sc.data() + c * gstride,
+                          has_zp ? zf.data() + c * gstride : nullptr,
+                          per_channel ? chan.data() + c * 64 : nullptr);
+  const float* srow[16];
+  const float* zrow[16];
+  AmxTileScope amx_tiles(true);
+  for (int64_t kb = 0; kb < p.size_k; kb += kKc) {
+    const int64_t kc = std::min(kKc, p.size_k - kb);
+    for (int64_t c = 0; c < nch; ++c) {
+      const int64_t ch = chunk_begin + c;
+      for (int64_t k0 = kb; k0 < kb + kc; k0 += 16) {
+        const int64_t kt = k0 / 16;
+        const int32_t* words = p.b_q_weight + kt * 2 * p.size_n + 128 * ch;
+        // k-tiles are 8 N bytes apart, a stride the hardware prefetchers miss: the tile one
+        // k-block ahead into L2, and two tiles ahead into L1 (as the vdpbf16ps path does)
+        if (k0 + kKc < p.size_k)
+          for (int l = 0; l < 8; ++l)
+            __builtin_prefetch(words + (kKc / 16) * 2 * p.size_n + 16 * l, 0, 2);
+        if (k0 + 32 < kb + kc)
+          for (int l = 0; l < 8; ++l) __builtin_prefetch(words + 2 * 2 * p.size_n + 16 * l, 0, 3);
+        uint32_t* dst = pairs.data() + (k0 - kb) / 2 * 64;
+        const int64_t g = tile_group[kt];
+        if (g >= 0 && pair_lut) {  // one group: table lookups
+          uint16_t* t = tbl.data() + c * 16 * 64;
+          if (g != tbl_group[c]) {
+            const uint16_t* s_row = per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch;
+            const int32_t* z_words = has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
+            build_pair_table_avx512<false>(s_row, z_words, t);
+            tbl_group[c] = g;
+          }
+          decode_tile_pairs_lut_avx512(words, t, dst);
+          continue;
+        }
+        tile_row_groups(p, kt, sc.data() + c * gstride, has_zp ? zf.data() + c * gstride : nullptr,
+                        srow, zrow);
+        if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, dst);
+        else dequant_tile_pairs_avx512<false>(words, srow, zrow, dst);
+      }
+      // the chunk's products while its pair rows are in L1
+      for (int64_t i0 = 0; i0 < rows; i0 += 16)
+        amx_bf16_rows(p.a_bf16 + (m0 + i0) * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
+                      acc.data() + (c * rows + i0) * 64, std::min<int64_t>(16, rows - i0));
+    }
+  }
+  for (int64_t c = 0; c < nch; ++c)
+    write_chunk_out(p, chunk_begin + c, m0, rows, per_channel ? chan.data() + c * 64 : nullptr,
+                    acc.data() + c * rows * 64, true);
+}
+#endif
+
 // Which path w4a16_gemm_cpu_chunks takes for a work item of `rows` rows of a (the binding asks
 // too: the blocked path writes its outputs rounded, and the vdpbf16ps one needs no fp32 a).
 struct W4a16RowPaths {
@@ -684,13 +786,9 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // process, medians), 4096 x 4096 / 11008 x 4096, ms for 256 / 64 rows: M = 8 1.66 / 1.28 and
   // 4.02 / 3.05; M = 16 2.17 / 1.95 and 5.64 / 5.28; M = 32 3.43 / 3.29 and 9.12 / 8.95;
   // M = 64 5.95 / 6.08 and 15.8 / 16.1; M = 256 21.2 / 21.8 and 58.7 / 60.5.
-  // With AMX tiles (amx_bf16.h) 1024 rows at every M (128 KiB of pairs, in L2): each row
-  // block's C tiles then stay in registers over 32 steps of 32 k. Measured 2026-11-27 (2
-  // threads, min of 6-12 calls, a noisy machine; blocks of 256 / 1024 / 4096 rows): 11008 x 4096
-  // M = 64 16.2 / 13.3 / 11.8 ms (one thread), M = 256 27.8 / 19.4 / 17.1; 4096 x 11008 M = 64
-  // 10.0 / 8.9 / 9.4, M = 256 37.1 / 26.8 / 30.5; M <= 16 level.
+  const int64_t kKc = use_dpbf16 && rows > 32 ? 256 : 64;
+  // bf16 on a CPU with AMX tiles: w4a16_amx_chunks (its own loops)
   const bool use_amx = use_dpbf16 && paths.blocked() && amx_bf16_enabled();
-  const int64_t kKc = use_amx ? 1024 : use_dpbf16 && rows > 32 ? 256 : 64;
   // The vdpbf16ps path decodes one-group k-tiles by table lookups
   // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
@@ -718,6 +816,12 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
     }
   }
+#ifdef W4K_HAVE_AMX_PATH
+  if (use_amx) {
+    w4a16_amx_chunks(p, chunk_begin, chunk_end, m0, rows, tile_group.data(), pair_lut);
+    return 0;
+  }
+#endif
 #ifdef W4K_HAVE_AVX512_PATH
   if (use_pairs) {
     const bool any_mixed_tile =
@@ -788,7 +892,6 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const bool fp32_groups =
       !lut_decode || use_lut || chan_scale != nullptr ||
       std::any_of(tile_group.begin(), tile_group.end(), [](int32_t g) { return g < 0; });
-  AmxTileScope amx_tiles(use_amx);
   for (int64_t ch = chunk_begin; ch < chunk_end; ++ch) {
     if (fp32_groups) decode_chunk_groups(p, ch, sc.data(), has_zp ? zf.data() : nullptr, chan_scale);
     int64_t tbl_group = -1;  // the group pair_tbl holds (tables are per chunk)
@@ -875,13 +978,6 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
       }
       const float* a_block = p.a ? p.a + m0 * p.lda + kb : nullptr;  // (none with vdpbf16ps)
 #ifdef W4K_HAVE_AVX512_PATH
-#ifdef W4K_HAVE_AMX_PATH
-      if (use_amx) {
-        amx_bf16_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
-                      reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(), rows);
-        continue;
-      }
-#endif
       if (use_dpbf16) {
         micro_bf16_avx512_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16,
                                reinterpret_cast<const uint32_t*>(wbuf.data()), kc, acc.data(),
@@ -901,20 +997,7 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
 #endif
       micro_generic(a_block, p.lda, wbuf.data(), kc, acc.data(), rows, bf16_pairs);
     }
-    // Each row's 64 outputs into p.c, or (p.out16) into row_tmp and rounded from there.
-    alignas(64) float row_tmp[64];
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t out_at = (m0 + i) * p.size_n + 64 * ch;
-      float* c_row = p.out16 ? row_tmp : p.c + out_at;
-      const float* bias = p.bias ? p.bias + 64 * ch : nullptr;
-#ifdef W4K_HAVE_AVX512_PATH
-      if (avx512 && chan_scale == nullptr)
-        write_chunk_row_grouped_avx512(acc.data() + i * 64, bias, c_row);
-      else
-#endif
-        write_chunk_row(p, ch, chan_scale, acc.data() + i * 64, c_row);
-      if (p.out16) narrow_c_row(row_tmp, 64, p.weight_type, avx512, p.out16 + out_at);
-    }
+    write_chunk_out(p, ch, m0, rows, chan_scale, acc.data(), avx512);
   }
   return 0;
 }
