@@ -17,11 +17,13 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
   are absent);
 * probes: read bandwidth (an AVX-512 load loop over 512 MiB split over the threads; torch.sum
   without a compiler), and the peaks of the threads used: fp32 FMA, ``vdpbf16ps`` (bf16 pairs),
-  ``vpdpbusd`` (int8), each 12 independent accumulator chains.
+  ``vpdpbusd`` (int8), each 12 independent accumulator chains, and on a CPU with AMX-BF16 the
+  tiles' ``TDPBF16PS`` peak (four C tiles, operands held in tile registers).
 
 Per row: median ms, weight GB/s (the format's weight bytes, scales included, over the time) and
 % of the read probe, GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
-bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows), and for our
+bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows; "NN%a": of the
+AMX peak, for our bf16 rows that run on AMX tiles), and for our
 rows the ratio to the fastest competitor of the same arithmetic (>1: we are faster): exact bf16
 (torch bf16, torch int4, ORT level 0) or int8 (ORT level 4); the int8-activation rows also get
 ``x kai``, KleidiAI's ms / ours (the issue's bar for the mode). Then the dispatch rule: the
@@ -29,7 +31,8 @@ smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` o
 
 ``--isa avx2,scalar`` adds ``awq_gemm``, ``w4a16`` and int8-mode (``w4a8``, ``awq_gemm_a8``) rows
 run with ``W4K_CPU_ISA`` capped to each value (the AVX2 paths and the portable code on this
-machine), timed in the same run.
+machine), timed in the same run; ``--isa noamx`` rows run with ``W4K_CPU_AMX=0`` (the
+``vdpbf16ps`` paths on a CPU with AMX).
 
 ``--background-load P`` times every point a second time while P processes spin on the cores
 and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
@@ -66,6 +69,8 @@ _PROBE_SRC = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 
@@ -116,6 +121,53 @@ double peak_flops(int64_t kind, int64_t iters) {
   return 2.0 * nt * iters * 12 * macs / s + 0.0 * sink.load();
 }
 
+// AMX-BF16 (Intel): TDPBF16PS on four C tiles from one A and one B tile that stay in tile
+// registers (no loads): the tiles' multiply-add peak, 16 x 16 x 32 MACs per instruction. 0 where
+// the CPU or the OS has no AMX (CPUID, XCR0 bits 17-18, Linux's per-process permission).
+static bool amx_ok() {
+  static const bool ok = [] {
+    if (!__builtin_cpu_supports("avx512f")) return false;
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+__attribute__((target("amx-tile,amx-bf16"), noinline))
+static void amx_chains(int64_t iters) {
+  alignas(64) unsigned char cfg[64] = {0};
+  cfg[0] = 1;
+  for (int t = 0; t < 6; ++t) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+  alignas(64) static const uint16_t ones[16 * 32] = {0};
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+}
+
+double amx_peak_flops(int64_t iters) {
+  if (!amx_ok()) return 0.0;
+  const int nt = at::get_num_threads();
+  auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) amx_chains(iters);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * nt * iters * 4 * 16 * 16 * 32 / s;
+}
+
 __attribute__((target("avx512f"), noinline))
 static double read_range(const float* p, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -153,7 +205,7 @@ def load_probes():
     from torch.utils.cpp_extension import load_inline
     try:
         return load_inline("w4k_cpu_gemm_probes", cpp_sources=_PROBE_SRC,
-                           functions=["peak_flops", "read_seconds"],
+                           functions=["peak_flops", "amx_peak_flops", "read_seconds"],
                            extra_cflags=["-O2", "-fopenmp"], extra_ldflags=["-fopenmp"])
     except Exception as e:  # noqa: BLE001
         print(f"probes unavailable ({type(e).__name__}: {str(e)[:200]}); peaks n/a, "
@@ -362,6 +414,13 @@ INT8_PEERS = ["ort acc4"]
 INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also ranked vs KleidiAI
 
 
+def on_amx(name, m):
+    """Whether the row runs on AMX tiles where the CPU has them: bf16 w4a16_gemm and awq_gemm
+    from 5 rows (their limits by default), not with W4K_CPU_AMX=0 (@noamx) or an ISA cap."""
+    return (name.startswith(("w4a16", "awq_gemm bf16")) and name.split(" @")[0].endswith("bf16")
+            and " @" not in name and m >= 5)
+
+
 def with_isa(built, isa):
     """The method's calls run with W4K_CPU_ISA=isa, or for isa "noamx" with W4K_CPU_AMX=0 (the
     AVX-512 paths without AMX tiles); both are read by the op at each call."""
@@ -479,6 +538,9 @@ def main(argv=None):
         for kind, key in enumerate(["fp32", "bf16", "int8"]):
             probes.peak_flops(kind, 1_000_000)
             peaks[key] = max(probes.peak_flops(kind, 20_000_000) for _ in range(3))
+        amx = max(probes.amx_peak_flops(2_000_000) for _ in range(3))
+        if amx > 0:
+            peaks["amx"] = amx
     load = os.getloadavg()
     print(f"torch {torch.__version__}  threads={torch.get_num_threads()}  "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}  load average before: "
@@ -520,6 +582,8 @@ def main(argv=None):
                 arith, _, ours = METHODS[name]
                 flops = 2.0 * m * n * k / t
                 pk = f"{100 * flops / peaks[arith]:5.0f}%" if arith in peaks else f"{'-':>6}"
+                if ours and arith == "bf16" and "amx" in peaks and on_amx(name, m):
+                    pk = f"{100 * flops / peaks['amx']:4.0f}%a"  # of the AMX tiles' peak
                 best = "-"
                 if ours:
                     peers = INT8_PEERS if arith == "int8" else EXACT_PEERS
