@@ -271,7 +271,16 @@ struct GemmParams {
   int64_t units;
   float* c_tmp;                // [2 * split_blocks, kTileFloats] fp32 partial tiles (split-K)
   int* counters;               // [tiles] arrival counters, zero on entry, zero on exit
+  // 16 rows of a in bytes (16 * lda * sizeof(T)), formed on the host: the 64-row kernel reads
+  // it from the constant bank, where ptxas re-derived 16 * lda every stage (no register left).
+  int64_t a_rows16_bytes;
 };
+
+// p + bytes (a copy source moved by a byte stride).
+template <typename T>
+__device__ __forceinline__ const T* byte_offset(const T* ptr, int64_t bytes) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(ptr) + bytes);
+}
 
 // kRow: (re)loads the lane's scales and zero constants for the groups g4 of its rows 2t, 2t+1
 // (B register 0) and 2t+8, 2t+9 (register 1) from global memory, the groups clamped to [0, G).
@@ -603,7 +612,13 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   const int a_gl_rd_col = 8 * (t % 16);
   const T* a_gl_rd = static_cast<const T*>(p.a) + static_cast<int64_t>(m0 + t / 16) * p.lda +
                      stage_begin * kStageK + a_gl_rd_col;
-  const int64_t a_gl_rd_delta_i = 16 * p.lda;  // rows t / 16 + 16 i
+  // Rows t / 16 + 16 i. At 64 rows the byte stride from the constant bank (GemmParams::
+  // a_rows16_bytes) took 1.91 -> 1.84 non-HMMA per HMMA (fp16 per channel, sm_80); at 32 and 48
+  // rows it cost 0.06-0.1, so there the stride is formed from lda as before.
+  const int64_t a_gl_rd_delta_i = 16 * p.lda;
+  auto a_row_block = [&](const T* rd, int i) {
+    return kMBlocks == 4 ? byte_offset(rd, i * p.a_rows16_bytes) : rd + i * a_gl_rd_delta_i;
+  };
   const int a_sh_wr = a_sh_offset(t / 16, t % 16);
   int a_col_threshold[kMBlocks];  // a copy is valid while its k < k_left (kNever: row past M)
 #pragma unroll
@@ -686,20 +701,20 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   auto fetch = [&](int st, int ahead) {
     if (stages_left > 0) {
       char* s = smem + st;
-#pragma unroll
-      for (int i = 0; i < kMBlocks; ++i) {
-        ptx::cp_async16_cg_zfill(s + a_sh_wr + i * 16 * kARowBytes,
-                                 a_gl_rd + kALag * ahead * kStageK + i * a_gl_rd_delta_i,
-                                 a_col_threshold[i] < k_left);
-      }
-      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st, b_gl_rd, b_kt_row < k_left, evict_first);
-      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
-                                    evict_first);
       if constexpr (kGrouped) {
         if (s_copier || z_copier)
           ptx::cp_async16_cg_zfill(s + s_sh_wr, s_gl_rd, s_row_threshold < k_left);
         s_gl_rd += s_gl_rd_delta_stage;
       }
+#pragma unroll
+      for (int i = 0; i < kMBlocks; ++i) {
+        ptx::cp_async16_cg_zfill(s + a_sh_wr + i * 16 * kARowBytes,
+                                 a_row_block(a_gl_rd + kALag * ahead * kStageK, i),
+                                 a_col_threshold[i] < k_left);
+      }
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st, b_gl_rd, b_kt_row < k_left, evict_first);
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
+                                    evict_first);
       if constexpr (kMode == ScaleMode::kRow) {
         if (g_copier) {
           ptx::cp_async16_cg_zfill(s + L::kGOffset + 16 * (t - 128), p.g_idx + g_row,
@@ -1188,6 +1203,7 @@ cudaError_t launch_w4a16_gemm(const W4a16Plan& plan, const T* a, int64_t lda,
   p.units = plan.m_tiles * plan.n_tiles * plan.total_stages;
   p.c_tmp = c_tmp;
   p.counters = counters;
+  p.a_rows16_bytes = 16 * p.lda * static_cast<int64_t>(sizeof(T));
   if (plan.dense) {
     const dim3 grid(static_cast<unsigned>(size_k / 16),
                     static_cast<unsigned>((size_n / 64 + 7) / 8));
