@@ -656,13 +656,35 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
   // fp32 scales / zero points (decode_chunk_groups) where the fp32 decode or the per-channel
   // epilogue needs them
   const bool fp32_groups = !pair_lut || per_channel || any_mixed;
-  std::vector<float> sc(fp32_groups ? nch * gstride : 0);
-  std::vector<float> zf(fp32_groups && has_zp ? nch * gstride : 0);
-  std::vector<float> chan(per_channel ? nch * 64 : 0);
-  Vector64<uint32_t> pairs(kPairWords);  // one chunk's k-block
-  Vector64<float> acc(nch * rows * 64, 0.0f);
-  std::vector<uint16_t> tbl(nch * 16 * 64);  // each chunk's pair table (16 x 64 entries)
-  std::vector<int64_t> tbl_group(nch, -1);   // the group it holds
+  // Scratch kept per thread and grown, never shrunk: at M = 256 an item's accumulators are
+  // 720 KiB, which fresh vectors took as new pages from the OS on every call (page faults and
+  // zeroing were ~15 % of the op's samples, one thread).
+  struct Scratch {
+    std::vector<float> sc, zf, chan;
+    Vector64<uint32_t> pairs;  // one chunk's k-block of pair rows
+    Vector64<float> acc;       // every chunk's accumulators, rows x 64 each
+    std::vector<uint16_t> tbl;  // each chunk's pair table (16 x 64 entries)
+    std::vector<int64_t> tbl_group;  // the group it holds
+  };
+  thread_local Scratch scratch;
+  auto grow = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  grow(scratch.sc, fp32_groups ? nch * gstride : 0);
+  grow(scratch.zf, fp32_groups && has_zp ? nch * gstride : 0);
+  grow(scratch.chan, per_channel ? nch * 64 : 0);
+  grow(scratch.pairs, kPairWords);
+  grow(scratch.acc, nch * rows * 64);
+  grow(scratch.tbl, nch * 16 * 64);
+  scratch.tbl_group.assign(nch, -1);
+  std::fill(scratch.acc.begin(), scratch.acc.begin() + nch * rows * 64, 0.0f);
+  std::vector<float>& sc = scratch.sc;
+  std::vector<float>& zf = scratch.zf;
+  std::vector<float>& chan = scratch.chan;
+  Vector64<uint32_t>& pairs = scratch.pairs;
+  Vector64<float>& acc = scratch.acc;
+  std::vector<uint16_t>& tbl = scratch.tbl;
+  std::vector<int64_t>& tbl_group = scratch.tbl_group;
   if (fp32_groups)
     for (int64_t c = 0; c < nch; ++c)
       decode_chunk_groups(p, chunk_begin + c, sc.data() + c * gstride,
