@@ -230,14 +230,16 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
   const bool amx = simd && D == awq_cpu::Dtype::kBFloat16 && cpu::amx_bf16_enabled();
   const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
   // Work items: (column chunk, block of rows of x).
+  const int64_t chunk_blocks =
+      amx && pb.size_m >= 64 ? awq_cpu::kChunkBlocksAmx : awq_cpu::kChunkBlocks;
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
-                                 : awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
+                                 : chunk_blocks * awq_cpu::kBlockN;
   const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
   const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
   const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
   const int64_t floats = !simd ? 0
                          : lut ? awq_cpu::lut_scratch_floats(pb.size_m)
-                               : awq_cpu::scratch_floats(pb.size_m);
+                               : awq_cpu::scratch_floats(pb.size_m, chunk_blocks);
   cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
     const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
     const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
@@ -246,7 +248,7 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
     else if (lut)
       awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
     else if (simd)
-      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats), amx);
+      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats), amx, chunk_blocks);
     else
       awq_cpu::chunk_scalar<D>(pb, n0, n1);
   });

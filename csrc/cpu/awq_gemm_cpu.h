@@ -48,6 +48,12 @@ namespace awq_cpu {
 
 constexpr int64_t kBlockN = 64;     // columns per block (8 words, half a 64-byte line)
 constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns, 2 lines a row
+// On AMX tiles from 64 rows: 8 blocks per item, so each strip's activations (M x 256, in L2)
+// serve twice the columns (awq.cpp, awq_gemm_run). Measured 2026-11-27 (2 threads, min of 6
+// calls, the sizes alternating), ms for 4 / 8 / 16 blocks: 11008 x 4096 M = 64 7.27 / 7.13 /
+// 6.91, M = 256 19.4 / 15.3 / 15.8; 4096 x 11008 M = 64 8.58 / 7.94 / 10.7, M = 256 30.7 / 29.8
+// / 30.4; 4096 x 4096 M = 64 2.74 / 2.62 / 3.19, M = 256 5.88 / 5.35 / 5.40.
+constexpr int64_t kChunkBlocksAmx = 8;
 constexpr int64_t kStripK = 128;    // rows of K per strip (the decoded tile stays in L1)
 // The AVX-512 bf16 tile path's strips: 256 rows as bf16 pairs take the 32 KiB of 128 fp32 rows,
 // and spread each load / store of the 6 x 64 accumulators over twice the vdpbf16ps.
@@ -131,8 +137,8 @@ struct Problem {
 };
 
 // Per-thread scratch: sized by scratch_floats().
-inline int64_t scratch_floats(int64_t size_m) {
-  return size_m * kChunkBlocks * kBlockN      // accumulators of one chunk, lane order
+inline int64_t scratch_floats(int64_t size_m, int64_t chunk_blocks = kChunkBlocks) {
+  return size_m * chunk_blocks * kBlockN      // accumulators of one chunk, lane order
          + kStripK * kBlockN                  // a strip: 128 fp32 rows, or 256 as bf16 pairs
          + (kStripKBf16 + 2) * 2 * kBlockN;   // scales / zero products of the strip's groups
 }
@@ -380,12 +386,13 @@ W4K_AWQ_AVX512 void strip_all_rows(const Problem& pb, const float* xf, int64_t k
 // tiles, x as the A tiles; its own fp32 summation inside each step of 32 k).
 template <Dtype D>
 W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_begin, int64_t n_end,
-                                 float* scratch, bool amx = false) {
+                                 float* scratch, bool amx = false,
+                                 int64_t chunk_blocks = kChunkBlocks) {
   const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
   const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
   const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * M * 64, [m][lane]
   float* acc = scratch;
-  float* tile = acc + pb.size_m * kChunkBlocks * kBlockN;
+  float* tile = acc + pb.size_m * chunk_blocks * kBlockN;
   BlockParams* params = reinterpret_cast<BlockParams*>(tile + kStripK * kBlockN);
   constexpr int64_t kStrip = kTileStripRows<D>;
   const BlockParams* rows[kStrip];
