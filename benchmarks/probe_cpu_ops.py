@@ -11,7 +11,8 @@ Prints, for one thread:
   vpternlogd, a vpermt2w into a 64-entry bf16 table and a vdpbf16ps, on words and tables in L1:
   the rate at which one core can stream Marlin weights through that design, with no memory,
   table builds or loop bookkeeping of the real kernel;
-* on a CPU with AMX-BF16, the TDPBF16PS rate (four C tiles, operands in tile registers).
+* on a CPU with AMX-BF16, the TDPBF16PS rate (bench_cpu_gemm.py's probe: four C tiles, operands
+  in tile registers).
 
 So the M = 1 section of the README can say what bounds the op on a given CPU (Intel's
 vpermt2w and vdpbf16ps take two cycles each where Zen 4's take one).
@@ -19,14 +20,15 @@ vpermt2w and vdpbf16ps take two cycles each where Zen 4's take one).
     PYTHONPATH=$PWD/python python benchmarks/probe_cpu_ops.py
 """
 
+import os
+import sys
+
 import torch
 from torch.utils.cpp_extension import load_inline
 
 _SRC = r"""
 #include <torch/extension.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -125,40 +127,6 @@ double decode_weights_per_ns() {
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
   return tiles * reps * 512.0 / sec / 1e9 + 0.0 * sink;
 }
-
-static bool amx_ok() {
-  unsigned a, b, c, d;
-  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-  if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & (3u << 17)) != (3u << 17)) return false;
-  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-}
-
-// TDPBF16PS GFLOP/s on one thread (0 without AMX-BF16).
-__attribute__((target("amx-tile,amx-bf16"))) double amx_gflops() {
-  if (!amx_ok()) return 0.0;
-  alignas(64) unsigned char cfg[64] = {0};
-  cfg[0] = 1;
-  for (int t = 0; t < 6; ++t) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-  alignas(64) static const uint16_t zeros[16 * 32] = {0};
-  _tile_loadd(4, zeros, 64);
-  _tile_loadd(5, zeros, 64);
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  const int64_t iters = 2000000;
-  auto s = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5);
-    _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5);
-  }
-  alignas(64) float out[256];
-  _tile_stored(0, out, 64);
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-  _tile_release();
-  return 2.0 * iters * 4 * 16 * 16 * 32 / sec / 1e9 + 0.0 * out[0];
-}
 """
 
 
@@ -171,12 +139,11 @@ def main():
         return
     torch.set_num_threads(1)
     m = load_inline("w4k_probe_cpu_ops", cpp_sources=_SRC,
-                    functions=["instruction_ns", "decode_weights_per_ns", "amx_gflops"],
+                    functions=["instruction_ns", "decode_weights_per_ns"],
                     # lambdas do not take a function's target attribute: the whole probe is
                     # built for this CPU's AVX-512 set (checked above before loading it)
                     extra_cflags=["-O2", "-mavx512f", "-mavx512bw", "-mavx512vbmi",
-                                  "-mavx512bf16", "-mavx512vnni", "-mfma", "-mamx-tile",
-                                  "-mamx-bf16", "-Wno-psabi"])
+                                  "-mavx512bf16", "-mavx512vnni", "-mfma", "-Wno-psabi"])
     rows = m.instruction_ns()
     cycle = 2 * dict(rows)["vpaddd"]  # vpaddd: two per cycle
     print(f"one thread; a cycle taken as 2 x vpaddd = {cycle:.3f} ns ({1 / cycle:.2f} GHz)")
@@ -186,7 +153,11 @@ def main():
     print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1): "
           f"{w:.1f} weights/ns = {w / 2:.1f} GB/s of int4 weight per core, "
           f"{32 / w / cycle:.2f} cycles per 32 weights")
-    amx = max(m.amx_gflops() for _ in range(3))
+    # the tiles' peak: bench_cpu_gemm.py's probe, on the one thread set above
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_cpu_gemm
+    probes = bench_cpu_gemm.load_probes()
+    amx = max(probes.amx_peak_flops(2_000_000) for _ in range(3)) / 1e9 if probes else 0.0
     print(f"AMX TDPBF16PS: {amx:.0f} GFLOP/s per core" if amx else "AMX-BF16: not on this CPU/OS")
 
 
