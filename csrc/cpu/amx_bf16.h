@@ -68,6 +68,9 @@ using Vector64 = std::vector<T, Align64Allocator<T>>;
 
 #ifdef W4K_HAVE_AMX_PATH
 
+// XCR0, the state components the OS saves (OSXSAVE checked by the caller).
+__attribute__((target("xsave"))) inline unsigned long long xcr0() { return _xgetbv(0); }
+
 // The CPU has AMX-TILE and AMX-BF16, the OS saves their state (XCR0 bits 17 and 18), and Linux
 // granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA;
 // Linux 5.16+). Asked once per process.
@@ -77,9 +80,7 @@ inline bool amx_bf16_available() {
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;  // AMX-TILE, AMX-BF16
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    if ((xcr0() & (3u << 17)) != (3u << 17)) return false;
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
@@ -114,16 +115,13 @@ class AmxTileScope {
     uint16_t colsb[16];
     uint8_t rows[16];
   };
+  // Palette 1, tiles 0..6 of 16 rows x 64 bytes. A constant in read-only data: GCC 12's
+  // _tile_loadconfig declares only 8 of the 64 bytes as read by its asm, so a configuration
+  // built on the stack lost the stores to the rest as dead and ldtilecfg faulted on garbage.
   __attribute__((target("amx-tile"))) static void configure() {
-    alignas(64) Config cfg{};
-    cfg.palette_id = 1;
-    for (int t = 0; t < 7; ++t) {
-      cfg.rows[t] = 16;
-      cfg.colsb[t] = 64;
-    }
-    // (Not _tile_loadconfig: GCC 12's declares only 8 bytes of the 64 as read by the asm, and
-    // the stores to the rest were dropped as dead: ldtilecfg then faulted on garbage.)
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    alignas(64) static constexpr Config kConfig = {
+        1, 0, {}, {64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16}};
+    _tile_loadconfig(&kConfig);
   }
   __attribute__((target("amx-tile"))) static void release() { _tile_release(); }
   bool on_;
