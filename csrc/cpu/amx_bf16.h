@@ -144,14 +144,17 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
     std::memset(b_tail + 64 * pairs, 0, sizeof(uint32_t) * 64 * (16 - pairs));
   }
   // Step k0 of rows [i0, i0 + r) into tile 4: straight from a when the step is whole, else
-  // through a_pad (rows >= r and k >= kc - k0 zero).
+  // through a_pad (rows >= r and k >= kc - k0 zero). A whole-width copy overwrites rows < r
+  // entirely, so a_pad is cleared only when r changes or a step is narrower.
+  int64_t a_pad_rows = -1;  // a_pad is zero in rows >= a_pad_rows (-1: not known)
   auto load_a = [&](int64_t i0, int64_t r, int64_t k0) {
     const int64_t width = std::min(kStepK, kc - k0);
     if (r == kRowBlock && width == kStepK) {
       _tile_loadd(4, a + i0 * lda + k0, lda * 2);
       return;
     }
-    std::memset(a_pad, 0, sizeof(a_pad));
+    if (width < kStepK || r != a_pad_rows) std::memset(a_pad, 0, sizeof(a_pad));
+    a_pad_rows = width < kStepK ? -1 : r;
     for (int64_t i = 0; i < r; ++i)
       std::memcpy(a_pad + i * 32, a + (i0 + i) * lda + k0, sizeof(uint16_t) * width);
     _tile_loadd(4, a_pad, 64);
@@ -190,7 +193,6 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
 
 #else
 
-inline bool amx_bf16_available() { return false; }
 inline bool amx_bf16_enabled() { return false; }
 class AmxTileScope {
  public:

@@ -727,10 +727,9 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
         if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, dst);
         else dequant_tile_pairs_avx512<false>(words, srow, zrow, dst);
       }
-      // the chunk's products while its pair rows are in L1
-      for (int64_t i0 = 0; i0 < rows; i0 += 16)
-        amx_bf16_rows(p.a_bf16 + (m0 + i0) * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
-                      acc.data() + (c * rows + i0) * 64, std::min<int64_t>(16, rows - i0));
+      // the chunk's products, every row block, while its pair rows are in L1
+      amx_bf16_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
+                    acc.data() + c * rows * 64, rows);
     }
   }
   for (int64_t c = 0; c < nch; ++c)
@@ -757,6 +756,8 @@ struct W4a16RowPaths {
   bool decode_order;
   // fp16 at the rows where AVX-512 takes its lookup tables (5..8): their order (lut_order_chunk).
   bool lut_order;
+  // The blocked bf16 path on a CPU with AMX tiles (w4a16_amx_chunks).
+  bool use_amx;
   // None of the above: the blocked path (a k-block of a chunk dequantized once, then
   // register-blocked vdpbf16ps or FMAs over all the rows).
   bool blocked() const { return !use_lut && !use_pairs && !decode_order && !lut_order; }
@@ -777,6 +778,7 @@ inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t row
   r.decode_order = !avx512 && decode_order_applies(p);
   r.lut_order = !avx512 && !r.decode_order && fp16 && tiles_ok &&
                 rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
+  r.use_amx = amx && r.blocked();
   return r;
 }
 
@@ -811,13 +813,9 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   // 4.02 / 3.05; M = 16 2.17 / 1.95 and 5.64 / 5.28; M = 32 3.43 / 3.29 and 9.12 / 8.95;
   // M = 64 5.95 / 6.08 and 15.8 / 16.1; M = 256 21.2 / 21.8 and 58.7 / 60.5.
   const int64_t kKc = use_dpbf16 && rows > 32 ? 256 : 64;
-  // bf16 on a CPU with AMX tiles: w4a16_amx_chunks (its own loops)
-  const bool use_amx = use_dpbf16 && paths.blocked() && amx_bf16_enabled();
   // The vdpbf16ps path decodes one-group k-tiles by table lookups
   // (decode_tile_pairs_lut_avx512); W4K_W4A16_PAIR_LUT=0 computes every weight in fp32 instead
   // (dequant_tile_pairs_avx512: the same values, so the same bits; tests compare the two).
-  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
-  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   const bool use_lut = paths.use_lut, use_pairs = paths.use_pairs;
   const bool decode_order = paths.decode_order, lut_order = paths.lut_order;
@@ -841,11 +839,13 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     }
   }
 #ifdef W4K_HAVE_AMX_PATH
-  if (use_amx) {
+  if (paths.use_amx) {  // bf16 on a CPU with AMX tiles: its own loops
     w4a16_amx_chunks(p, chunk_begin, chunk_end, m0, rows, tile_group.data(), pair_lut);
     return 0;
   }
 #endif
+  std::vector<float> sc(p.num_groups * 64), zf(has_zp ? p.num_groups * 64 : 0);
+  std::vector<float> wbuf(kKc * 64), acc(rows * 64);
 #ifdef W4K_HAVE_AVX512_PATH
   if (use_pairs) {
     const bool any_mixed_tile =
