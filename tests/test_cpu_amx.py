@@ -28,7 +28,7 @@ import golden
 from conftest import backend_or_skip, cpu_flags
 from numerics import assert_gemm_close
 from test_awq_gemm_cpu_paths import _awq
-from test_w4a16_gemm import OP, call, check_against_reference, make_case
+from test_w4a16_gemm import OP, call, check_against_reference, make_case, op_args, tolerance
 from test_w4a16_gemm_cpu_paths import assert_threads_same_bits
 from w4kernels import reference
 
@@ -113,6 +113,114 @@ def test_w4a16_amx_path_runs(monkeypatch):
     assert not golden.same_bits(amx, dot)
 
 
+# ---- fp16 on the tiles: every value split into two bf16 (amx_bf16.h, amx_split_half) ------------
+
+
+def split_tolerance(case, ref):
+    """test_w4a16_gemm.tolerance for the fp16 split: each product a * w reaches the fp32 sums as
+    four exact partial products (ah wh, al wh, ah wl, al wl; |ah| + |al| = |a|, so their
+    magnitudes add up to |a * w|), and the hi and lo rows' sums are added once at the end: at
+    most 4 K + 1 additions instead of K (per channel 2 K + 1, bounded by the same)."""
+    return tolerance(dict(case, size_k=4 * case["size_k"] + 1), ref)
+
+
+def check_split_against_reference(b, case):
+    out = call(b, case)
+    ref = reference.w4a16_gemm(**op_args(case))
+    err = (out.double() - ref).abs()
+    tol = split_tolerance(case, ref)
+    assert bool((err <= tol).all()), f"max err / tol {(err / tol).max().item():.3g}"
+
+
+@pytest.mark.parametrize("m", [7, 8, 9, 16, 17, 33, 64, 65, 200, 300])
+@pytest.mark.parametrize("size_k", [1040, 2048])
+@pytest.mark.parametrize("config", list(W4A16_CONFIGS))
+def test_w4a16_amx_fp16_against_reference(monkeypatch, config, size_k, m):
+    """fp16 from 7 rows (the decode path keeps 1..6): act-order tiles whose rows span groups
+    (the fp32 decode's split), per channel (only a split), K with a last step of 16 k, row
+    blocks of 8 rows with a partial last one, row blocks of the work split (M = 200, 300 on
+    N = 192: rows cut into 8-row multiples)."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    group, act, zp, bias = W4A16_CONFIGS[config]
+    if size_k == 1040 and group == 128:
+        group = 80
+    if size_k == 1040 and group in (32, 64):
+        group = 16
+    case = make_case(m, size_k, 192, group, torch.float16, act, zp, bias, seed=m + size_k)
+    check_split_against_reference(b, case)
+
+
+@pytest.mark.parametrize("m", [9, 300])
+def test_w4a16_amx_fp16_k11008_and_threads(monkeypatch, m):
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    case = make_case(m, 11008, 320, 128, torch.float16, None, True, True, seed=m)
+    check_split_against_reference(b, case)
+    assert_threads_same_bits(b, case)
+
+
+def test_w4a16_amx_fp16_lo_parts_count(monkeypatch):
+    """Without the lo parts (or with them on the wrong rows) the products would be off by up
+    to 2^-8 relative, far above the bound: here every activation and weight has bits below
+    bf16's 8 (a = 1 + 2^-10 j, scales 1 + 2^-10 i), so each lo part matters."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    size_k, size_n, group, m = 1024, 128, 128, 12
+    case = make_case(m, size_k, size_n, group, torch.float16, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    s = 1 + torch.randint(1, 1024, (size_k // group, size_n), generator=gen) * 2.0**-10
+    case["b_scales"] = reference.marlin_permute_scales(s.half(), size_k, size_n, group)
+    sign = torch.where(torch.rand(m, size_k, generator=gen) < 0.5, -1.0, 1.0)
+    case["a"] = (sign * (1 + torch.randint(1, 1024, (m, size_k), generator=gen) * 2.0**-10)).half()
+    case.pop("_w")
+    case["_w_ref"] = reference.w4a16_weight(case["b_q_weight"], case["b_scales"],
+                                            case["b_zeros"], None, size_k, size_n)
+    check_split_against_reference(b, case)
+
+
+def test_w4a16_amx_fp16_infinities(monkeypatch):
+    """An infinite activation gives +-inf (NaN where its weight is 0), an fp16 weight that
+    overflows to inf likewise, as in the reference: the split could not carry them (a cross
+    product inf * 0), so such calls take the FMA path (amx_split_activations_ok,
+    amx_split_scales_ok)."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    size_k, size_n, m = 256, 64, 9
+    case = make_case(m, size_k, size_n, 128, torch.float16, seed=2)
+    case["a"][0, 5] = float("inf")
+    case["a"][3, 200] = -float("inf")
+    out = call(b, case).double()
+    ref = reference.w4a16_gemm(**op_args(case))
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert out.isinf().any() and out.isnan().any()  # both kinds occur (weights of 0 exist)
+    assert torch.equal(out[out.isinf()], ref[ref.isinf()])
+    fin = ref.isfinite()
+    assert bool(((out - ref).abs()[fin] <= split_tolerance(case, ref)[fin]).all())
+    # scales of 40000: (q - 8) * 40000 overflows fp16 for |q - 8| >= 2 (weights of both signs:
+    # every output is a NaN, as in the reference)
+    big = make_case(m, size_k, size_n, 128, torch.float16, seed=3)
+    big["b_scales"] = torch.full_like(big["b_scales"], 40000.0)
+    out = call(b, big).double()
+    ref = reference.w4a16_gemm(**op_args(big))
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert not ref.isfinite().any()
+
+
+def test_w4a16_amx_fp16_path_runs(monkeypatch):
+    """The fp16 split path is the one that ran: its bits differ from the fp32 FMA path's on an
+    input where the summation order shows."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(16, 1040, 192, 80, torch.float16, seed=3, cancel=True)
+    with monkeypatch.context() as mp:
+        _env(mp, AMX_ON)
+        amx = call(b, case)
+    with monkeypatch.context() as mp:
+        _env(mp, {**AMX_ON, "W4K_CPU_AMX": "0"})
+        fma = call(b, case)
+    assert not golden.same_bits(amx, fma)
+
+
 # ---- awq_gemm ----------------------------------------------------------------------------------
 
 # (M, K, N, group size): odd K (a last pair (x, 0) and a last step of 9 k), a strip cut inside
@@ -152,3 +260,54 @@ def test_awq_amx_at_few_rows_when_forced(monkeypatch):
         w = reference.awq_dequantize(qw, s, qz).double()
         assert_gemm_close(torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8), x.double() @ w,
                           x.double(), w)
+
+
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)
+def test_awq_amx_fp16_against_reference_and_threads(monkeypatch, size_m, size_k, size_n,
+                                                   group_size):
+    """fp16 on the tiles (from 8 rows; forced below that): the split rows of x and of each
+    strip's weights, odd K (a last pair (w, 0) in both parts), partial 8-row blocks."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+    qw, s, qz = _awq(size_k, size_n, group_size, torch.float16, seed=size_m + size_k)
+    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n))
+    x = x.to(torch.float16)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+        torch.set_num_threads(2)
+        two = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    finally:
+        torch.set_num_threads(saved)
+    assert golden.same_bits(one, two)
+    w = reference.awq_dequantize(qw, s, qz).double()
+    assert_gemm_close(one, x.double() @ w, x.double(), w, terms=4 * size_k + 1)
+
+
+def test_awq_amx_fp16_infinities_and_path(monkeypatch):
+    """inf activations through the split (lo = 0): the reference's inf / NaN pattern; and the
+    tile path ran: its bits differ from the FMA path's on a cancelling input."""
+    qw, s, qz = _awq(1024, 128, 128, torch.float16, seed=7)
+    x = torch.randn(12, 1024, generator=torch.Generator().manual_seed(7)).half()
+    x[2, 17] = float("inf")
+    w = reference.awq_dequantize(qw, s, qz).double()
+    with monkeypatch.context() as mp:
+        _env(mp, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+        out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8).double()
+    ref = x.double() @ w
+    assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out.isnan(), ref.isnan())
+    assert out.isinf().any()
+    # rows 16j + 1 and 16j + 2 of the weight equal (one group), x there +L and -L: the two
+    # products cancel exactly, but the fp32 sums they pass through lose low bits to L * w, and
+    # which bits depends on the order of the additions
+    qw[2::16] = qw[1::16]
+    x[2, 17] = 0
+    x[:, 1::16] = 30000.0
+    x[:, 2::16] = -30000.0
+    with monkeypatch.context() as mp:
+        _env(mp, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+        amx = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    with monkeypatch.context() as mp:
+        _env(mp, {"W4K_CPU_AMX": "0", "W4K_AWQ_LUT_ROWS": "0"})
+        fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    assert not golden.same_bits(amx, fma)

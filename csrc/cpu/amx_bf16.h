@@ -21,6 +21,9 @@
 // sums are exact (small-integer inputs) it gives the contract's bits. W4K_CPU_AMX=0 turns the
 // path off (the vdpbf16ps path, whose bits every other ISA shares).
 //
+// fp16 activations (no AMX-FP16 on the CPUs this was written for) run on the same tiles with
+// every fp16 value split into two bf16 (amx_split_half): exact products, fp32 accumulation.
+//
 // Edges: a last k-step of fewer than 32 k (K a multiple of 16 but not of 32; awq_gemm's odd K)
 // and a last row block of fewer than 16 rows go through zero-padded copies of their A rows, B
 // pair rows and C rows, so no tile load reads past an operand (and no stale value, which might
@@ -34,13 +37,15 @@
 #include <new>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__) && \
-    !defined(W4K_NO_AVX512)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(W4K_NO_AVX512)
+#define W4K_HAVE_AMX_SPLIT 1  // amx_split_half (AVX-512 code the decoders share)
+#include <immintrin.h>
+#if defined(__linux__)
 #define W4K_HAVE_AMX_PATH 1
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 #endif
 
 namespace w4k::cpu {
@@ -65,6 +70,92 @@ struct Align64Allocator {
 };
 template <typename T>
 using Vector64 = std::vector<T, Align64Allocator<T>>;
+
+// fp16 activations on the tiles: rows m of a as split rows (amx_split_half) in blocks of 8
+// rows, block b = rows 8b .. 8b + 7 as 16 rows of the tile operand: the hi parts of the 8 rows,
+// then their lo parts (rows past M zero). One A tile then gives both parts, and the C tile
+// rows hold sum_k hi * w (rows 0..7) and sum_k lo * w (rows 8..15) of the same 8 rows: four
+// independent C tiles per step as for bf16 (a second A tile for the lo parts, added into the
+// same C tiles, made each C tile's products a chain: 2026-11-28, w4a16_gemm 4096 x 4096 g128,
+// one thread, M = 256 82.5 ms against 39.2 this way). The two sums are added once, at the end
+// (amx_fold_split_rows).
+constexpr int64_t kAmxSplitRows = 8;
+inline int64_t amx_split_tile_rows(int64_t rows) {
+  return (rows + kAmxSplitRows - 1) / kAmxSplitRows * 2 * kAmxSplitRows;
+}
+// Row m of the split operand for its hi (h = 0) or lo (h = 1) part.
+inline int64_t amx_split_row(int64_t m, int h) {
+  return m / kAmxSplitRows * 2 * kAmxSplitRows + h * kAmxSplitRows + m % kAmxSplitRows;
+}
+// acc [amx_split_tile_rows(rows), 64] in that layout -> acc [rows, 64]: row m = the sum of its
+// hi and lo rows. In place (row m is written after every row below it was read).
+inline void amx_fold_split_rows(float* acc, int64_t rows) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* hi = acc + amx_split_row(m, 0) * 64;
+    const float* lo = acc + amx_split_row(m, 1) * 64;
+    for (int x = 0; x < 64; ++x) acc[m * 64 + x] = hi[x] + lo[x];
+  }
+}
+
+#ifdef W4K_HAVE_AMX_SPLIT
+// fp16 values on bf16 tiles (a CPU with AMX-BF16 but not AMX-FP16). An fp16 value v (11
+// significant bits; as fp32, mantissa bits 22..13) is exactly hi + lo with hi = v truncated to
+// bf16 (the high 16 bits of its fp32 encoding: 8 significant bits) and lo = v - hi (exact in
+// fp32: the value of mantissa bits 15..13, at most 3 significant bits, at least 2^-24 in
+// magnitude unless zero, so exact in bf16 too; the same sign as v). A product a * w of two
+// fp16 values (22 bits, exact in fp32) is then the sum of four exact bf16 products
+// ah * wh + al * wh + ah * wl + al * wl, each of which TDPBF16PS forms exactly: four tile
+// products per product, and the fp32 accumulation the contract asks for (with 4 K additions
+// instead of K; the tests' bound counts them). Where a value is an integer of up to 8 bits
+// (the per-channel weights q - z) its lo is zero and that half of the products is skipped.
+// A NaN gives a NaN lo (and a NaN or an infinite hi), so the sum is a NaN as it should be. An
+// infinity cannot go through the split: hi = +-inf and lo = 0, and then a cross product
+// inf * 0 (the other operand's lo or hi part zero) is a NaN where the product is +-inf. So
+// the split path runs only where no value is infinite: activations without an infinity
+// (amx_split_activations_ok) and scales of at most 4096 in magnitude (amx_split_scales_ok:
+// then |(q - z) * s| <= 15 * 4096 < 65504, no weight overflows fp16); elsewhere the calls
+// take the fp32 FMA path.
+inline bool amx_split_activations_ok(const uint16_t* x, int64_t rows, int64_t cols,
+                                     int64_t ld) {
+  for (int64_t m = 0; m < rows; ++m) {
+    bool inf = false;
+    for (int64_t k = 0; k < cols; ++k) inf |= (x[m * ld + k] & 0x7fff) == 0x7c00;
+    if (inf) return false;
+  }
+  return true;
+}
+inline bool amx_split_scales_ok(const uint16_t* s, int64_t n) {
+  bool big = false;  // |s| > 4096 (0x6c00), a NaN included
+  for (int64_t i = 0; i < n; ++i) big |= (s[i] & 0x7fff) > 0x6c00;
+  return !big;
+}
+
+// Lane i of v (16 fp32 values, each an fp16 value widened exactly) -> hi and lo as fp32 bit
+// patterns whose low 16 bits are zero (each exactly a bf16 value: its bits are the high half).
+// AVX-512F only, so every decoder can inline it.
+__attribute__((target("avx512f"))) inline void amx_split_half(__m512 v, __m512i& hi,
+                                                              __m512i& lo) {
+  const __m512i b = _mm512_castps_si512(v);
+  hi = _mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  lo = _mm512_castps_si512(
+      _mm512_maskz_sub_ps(static_cast<__mmask16>(~inf), v, _mm512_castsi512_ps(hi)));
+}
+
+// n fp16 values (bits) -> their hi and lo parts as bf16 bits (amx_split_half).
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline void amx_split_half_row(
+    const uint16_t* src, int64_t n, uint16_t* hi, uint16_t* lo) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512i h, l;
+    amx_split_half(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)), h, l);
+    _mm256_mask_storeu_epi16(hi + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+    _mm256_mask_storeu_epi16(lo + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(l, 16)));
+  }
+}
+
+#endif
 
 #ifdef W4K_HAVE_AMX_PATH
 
@@ -96,8 +187,9 @@ inline bool amx_bf16_enabled() {
 }
 
 // Tiles 0..3: C (16 rows x 16 fp32), 4: A (16 rows x 32 bf16), 5 and 6: B (16 pair rows x 16
-// columns). Configured for the scope of one work item on its thread, released at its end (a
-// released thread has no tile state for the OS to save on a context switch).
+// columns).
+// Configured for the scope of one work item on its thread, released at its end (a released
+// thread has no tile state for the OS to save on a context switch).
 class AmxTileScope {
  public:
   explicit AmxTileScope(bool on) : on_(on) {
@@ -130,18 +222,24 @@ class AmxTileScope {
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64] for i < rows, k < kc: a bf16 (16-bit
 // patterns), w as ceil(kc / 2) pair rows of 64 lanes (row stride 64; an odd kc's last pair row
 // holds (w[kc - 1], 0)), acc fp32 with row stride 64. Needs an AmxTileScope on this thread.
-__attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
-    const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc, float* acc,
-    int64_t rows) {
+// With wpairs_lo (same layout as wpairs): w means wpairs + wpairs_lo (the hi and lo parts of
+// split fp16 weights, amx_split_half), both products added into the same accumulators.
+template <bool kWLo>
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
+    const uint16_t* a, int64_t lda, const uint32_t* wpairs, const uint32_t* wpairs_lo,
+    int64_t kc, float* acc, int64_t rows) {
   constexpr int64_t kStepK = 32, kRowBlock = 16, kCStride = 64 * 4, kBStride = 64 * 4;
   const int64_t full_k = kc / kStepK * kStepK, tail_k = kc - full_k;
-  alignas(64) uint32_t b_tail[16 * 64];  // the last step's pair rows, zero-padded to 16
-  alignas(64) uint16_t a_pad[16 * 32];   // one step's A rows, zero-padded
-  alignas(64) float c_pad[16 * 64];      // a partial row block's accumulators
+  alignas(64) uint32_t b_tail[2][16 * 64];  // the last step's pair rows, zero-padded to 16
+  alignas(64) uint16_t a_pad[16 * 32];      // one step's A rows, zero-padded
+  alignas(64) float c_pad[16 * 64];         // a partial row block's accumulators
   if (tail_k) {
     const int64_t pairs = (tail_k + 1) / 2;
-    std::memcpy(b_tail, wpairs + full_k / 2 * 64, sizeof(uint32_t) * 64 * pairs);
-    std::memset(b_tail + 64 * pairs, 0, sizeof(uint32_t) * 64 * (16 - pairs));
+    for (int h = 0; h < (kWLo ? 2 : 1); ++h) {
+      std::memcpy(b_tail[h], (h ? wpairs_lo : wpairs) + full_k / 2 * 64,
+                  sizeof(uint32_t) * 64 * pairs);
+      std::memset(b_tail[h] + 64 * pairs, 0, sizeof(uint32_t) * 64 * (16 - pairs));
+    }
   }
   // Step k0 of rows [i0, i0 + r) into tile 4: straight from a when the step is whole, else
   // through a_pad (rows >= r and k >= kc - k0 zero). A whole-width copy overwrites rows < r
@@ -173,7 +271,11 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
     _tile_loadd(3, c + 48, kCStride);
     for (int64_t k0 = 0; k0 < kc; k0 += kStepK) {
       load_a(i0, r, k0);
-      const uint32_t* w = k0 < full_k ? wpairs + k0 / 2 * 64 : b_tail;
+      const bool whole = k0 < full_k;
+      // B tiles 5 and 6 in turn, so each load overlaps the product before it; the four C
+      // tiles in turn, so no product waits for the one before it (with the lo parts each C
+      // tile's two products are four apart).
+      const uint32_t* w = whole ? wpairs + k0 / 2 * 64 : b_tail[0];
       _tile_loadd(5, w, kBStride);
       _tile_dpbf16ps(0, 4, 5);
       _tile_loadd(6, w + 16, kBStride);
@@ -182,6 +284,17 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
       _tile_dpbf16ps(2, 4, 5);
       _tile_loadd(6, w + 48, kBStride);
       _tile_dpbf16ps(3, 4, 6);
+      if constexpr (kWLo) {
+        const uint32_t* wl = whole ? wpairs_lo + k0 / 2 * 64 : b_tail[1];
+        _tile_loadd(5, wl, kBStride);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, wl + 16, kBStride);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, wl + 32, kBStride);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(6, wl + 48, kBStride);
+        _tile_dpbf16ps(3, 4, 6);
+      }
     }
     _tile_stored(0, c, kCStride);
     _tile_stored(1, c + 16, kCStride);
@@ -189,6 +302,12 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_bf16_rows(
     _tile_stored(3, c + 48, kCStride);
     if (r < kRowBlock) std::memcpy(acc + i0 * 64, c_pad, sizeof(float) * 64 * r);
   }
+}
+
+inline void amx_bf16_rows(const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc,
+                          float* acc, int64_t rows, const uint32_t* wpairs_lo = nullptr) {
+  if (wpairs_lo) amx_rows_impl<true>(a, lda, wpairs, wpairs_lo, kc, acc, rows);
+  else amx_rows_impl<false>(a, lda, wpairs, nullptr, kc, acc, rows);
 }
 
 #else

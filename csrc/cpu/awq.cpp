@@ -221,25 +221,55 @@ void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
   });
 }
 
+// x: the activations pb.x points into. fp16 needs them widened to fp32 (exact, once per call)
+// on the FMA paths, and split into bf16 hi and lo parts (cpu/amx_bf16.h) on the AMX tiles.
 template <awq_cpu::Dtype D>
-void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
+void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
+  constexpr bool kFp16 = D == awq_cpu::Dtype::kHalf;
   const Isa isa = cpu_isa();
   const bool simd = isa == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16") &&
                     __builtin_cpu_supports("avx512vbmi");
-  if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, xf);
-  const bool amx = simd && D == awq_cpu::Dtype::kBFloat16 && cpu::amx_bf16_enabled();
+  at::Tensor x32;
+  auto widen = [&]() -> const float* {
+    if (!kFp16) return nullptr;
+    x32 = x.to(at::kFloat).contiguous();
+    return x32.data_ptr<float>();
+  };
+  if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, widen());
+  const bool amx = simd && cpu::amx_bf16_enabled();
   const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
+  const bool tiles_amx = amx && !lut;
+  std::vector<uint16_t> xs;  // fp16 on the tiles: x as split rows
+  const float* xf = nullptr;
+#ifdef W4K_HAVE_AMX_SPLIT
+  if (kFp16 && tiles_amx &&
+      cpu::amx_split_activations_ok(pb.x, pb.size_m, pb.size_k, pb.ldx) &&
+      cpu::amx_split_scales_ok(pb.scales, pb.groups * pb.size_n)) {
+    pb.ldxs = pb.size_k + 32;  // not a multiple of 1024 halves (L1 set aliasing of the rows)
+    const int64_t rows = cpu::amx_split_tile_rows(pb.size_m);
+    xs.assign(rows * pb.ldxs, 0);  // rows past M stay zero
+    cpu::WorkQueue::instance().run(pb.size_m, at::get_num_threads(), [&](int64_t m) {
+      cpu::amx_split_half_row(pb.x + m * pb.ldx, pb.size_k,
+                              xs.data() + cpu::amx_split_row(m, 0) * pb.ldxs,
+                              xs.data() + cpu::amx_split_row(m, 1) * pb.ldxs);
+    });
+    pb.xs = xs.data();
+  }
+#endif
+  if (!pb.xs) xf = widen();
+  const bool on_tiles = tiles_amx && (!kFp16 || pb.xs != nullptr);  // fp16: split rows made
   // Work items: (column chunk, block of rows of x).
   const int64_t chunk_blocks =
-      amx && pb.size_m >= 64 ? awq_cpu::kChunkBlocksAmx : awq_cpu::kChunkBlocks;
+      on_tiles && pb.size_m >= 64 ? awq_cpu::kChunkBlocksAmx : awq_cpu::kChunkBlocks;
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
                                  : chunk_blocks * awq_cpu::kBlockN;
   const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
   const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
   const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
-  const int64_t floats = !simd ? 0
-                         : lut ? awq_cpu::lut_scratch_floats(pb.size_m)
-                               : awq_cpu::scratch_floats(pb.size_m, chunk_blocks);
+  const int64_t floats =
+      !simd ? 0
+      : lut ? awq_cpu::lut_scratch_floats(pb.size_m)
+            : awq_cpu::scratch_floats(awq_cpu::chunk_acc_rows(pb), chunk_blocks);
   cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
     const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
     const int64_t m0 = (c / col_chunks) * m_block, m1 = std::min(pb.size_m, m0 + m_block);
@@ -248,7 +278,8 @@ void awq_gemm_run(const awq_cpu::Problem& pb, const float* xf) {
     else if (lut)
       awq_cpu::chunk_lut_scalar<D>(pb, n0, n1, m0, m1);
     else if (simd)
-      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats), amx, chunk_blocks);
+      awq_cpu::chunk_avx512<D>(pb, xf, n0, n1, thread_scratch(floats),
+                               on_tiles, chunk_blocks);
     else
       awq_cpu::chunk_scalar<D>(pb, n0, n1);
   });
@@ -279,13 +310,10 @@ at::Tensor awq_gemm_cpu(const at::Tensor& x, const at::Tensor& qweight, const at
                       qweight.data_ptr<int32_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr()),
                       qzeros.data_ptr<int32_t>(), size_m, size_k, size_n, scales.size(0),
                       reinterpret_cast<uint16_t*>(out.data_ptr())};
-  if (x.scalar_type() == at::kHalf) {
-    // fp16: the FMA path wants fp32 activations (exact), converted once per call.
-    const at::Tensor xf = x.to(at::kFloat).contiguous();
-    awq_gemm_run<awq_cpu::Dtype::kHalf>(pb, xf.data_ptr<float>());
-  } else {
-    awq_gemm_run<awq_cpu::Dtype::kBFloat16>(pb, nullptr);
-  }
+  if (x.scalar_type() == at::kHalf)
+    awq_gemm_run<awq_cpu::Dtype::kHalf>(pb, x);
+  else
+    awq_gemm_run<awq_cpu::Dtype::kBFloat16>(pb, x);
   return out;
 }
 

@@ -134,6 +134,10 @@ struct Problem {
   const int32_t* qzeros;   // [G, N/8]
   int64_t size_m, size_k, size_n, groups;
   uint16_t* out;  // [M, N], contiguous
+  // fp16 on AMX tiles: x as split rows (cpu/amx_bf16.h, amx_split_row: bf16 hi and lo parts,
+  // [amx_split_tile_rows(M), K], row stride ldxs), or nullptr
+  const uint16_t* xs = nullptr;
+  int64_t ldxs = 0;
 };
 
 // Per-thread scratch: sized by scratch_floats().
@@ -305,6 +309,38 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
   }
 }
 
+// fp16 on AMX tiles: rows [k0, k0 + kb) of one block as the bf16 pair rows of the hi parts
+// (tile, as decode_strip's bf16 layout) and of the lo parts (tile + kAmxLoOffset) of each
+// weight rounded to fp16 (cpu/amx_bf16.h, amx_split_half); an odd K's last pair (w, 0).
+constexpr int64_t kAmxLoOffset = kStripK / 2 * kBlockN;  // floats: after 64 pair rows
+template <bool kFull>
+W4K_AWQ_AVX512 void decode_strip_split(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
+                                       const BlockParams* const* rows, float* tile) {
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t r = 0; r < kb; r += 2) {
+    __m512 w0[4], w1[4];
+    _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStripK) * ldq), _MM_HINT_T1);
+    decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
+    if (r + 1 < kb) {
+      decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
+    } else {
+      for (int j = 0; j < 4; ++j) w1[j] = _mm512_setzero_ps();
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m512i hi0, lo0, hi1, lo1;
+      cpu::amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w0[j], kRne)), hi0, lo0);
+      cpu::amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w1[j], kRne)), hi1, lo1);
+      // lane i = (row r, row r + 1): (w1 & 0xffff0000) | (w0 >> 16), imm 0xd8 = "c ? b : a"
+      float* dst = tile + (r / 2 * 4 + j) * 16;
+      _mm512_store_si512(dst, _mm512_ternarylogic_epi32(_mm512_srli_epi32(hi0, 16), hi1, high, 0xd8));
+      _mm512_store_si512(dst + kAmxLoOffset,
+                         _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo0, 16), lo1, high, 0xd8));
+    }
+  }
+}
+
 // acc[m, 64 lanes] += the strip's products for MR rows of x (registers across the strip).
 //   fp16: xf = fp32 activations [M, K] (row stride K); bf16: x pairs read from pb.x.
 template <Dtype D, int MR>
@@ -382,22 +418,30 @@ W4K_AWQ_AVX512 void strip_all_rows(const Problem& pb, const float* xf, int64_t k
 
 // Columns [n_begin, n_end) (n_begin a multiple of 64; n_end a multiple of 8) of the output.
 // The strip loop is outside the block loop so a chunk's rows (2 lines each) are read once.
-// amx: bf16 only, the strips' products on AMX tiles (cpu/amx_bf16.h: the same pair rows as B
-// tiles, x as the A tiles; its own fp32 summation inside each step of 32 k).
+// amx: the strips' products on AMX tiles (cpu/amx_bf16.h: the same pair rows as B tiles, x as
+// the A tiles; its own fp32 summation inside each step of 32 k); fp16: x and the weights split
+// into bf16 hi and lo parts (pb.xs, decode_strip_split), the accumulators in split rows
+// (amx_split_row: acc_rows of them per block), folded before the output.
+// acc_rows: amx_split_tile_rows(M) for fp16 on AMX, else M (scratch_floats sized for it).
+inline int64_t chunk_acc_rows(const Problem& pb) {
+  return pb.xs ? cpu::amx_split_tile_rows(pb.size_m) : pb.size_m;
+}
 template <Dtype D>
 W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_begin, int64_t n_end,
                                  float* scratch, bool amx = false,
                                  int64_t chunk_blocks = kChunkBlocks) {
   const int64_t group_size = pb.size_k / pb.groups, ldq = pb.size_n / 8;
   const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
-  const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * M * 64, [m][lane]
+  const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * acc_rows * 64, [m][lane]
+  const bool split = D == Dtype::kHalf && amx;  // pb.xs set
+  const int64_t acc_rows = chunk_acc_rows(pb);
   float* acc = scratch;
-  float* tile = acc + pb.size_m * chunk_blocks * kBlockN;
+  float* tile = acc + acc_rows * chunk_blocks * kBlockN;
   BlockParams* params = reinterpret_cast<BlockParams*>(tile + kStripK * kBlockN);
   constexpr int64_t kStrip = kTileStripRows<D>;
   const BlockParams* rows[kStrip];
-  std::memset(acc, 0, sizeof(float) * pb.size_m * nblocks * kBlockN);
-  cpu::AmxTileScope amx_tiles(D == Dtype::kBFloat16 && amx);
+  std::memset(acc, 0, sizeof(float) * acc_rows * nblocks * kBlockN);
+  cpu::AmxTileScope amx_tiles(amx);
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStrip) {
     const int64_t kb = std::min(kStrip, pb.size_k - k0);
     const int64_t g0 = k0 / group_size, g1 = (k0 + kb - 1) / group_size;
@@ -408,20 +452,31 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
       const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
       for (int64_t g = g0; g <= g1; ++g) load_params<D>(pb, g, n0, words, params[g - g0]);
       const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
-      if (words == 8)
+      if (split && words == 8)
+        decode_strip_split<true>(q, ldq, kb, words, rows, tile);
+      else if (split)
+        decode_strip_split<false>(q, ldq, kb, words, rows, tile);
+      else if (words == 8)
         decode_strip<D, true>(q, ldq, kb, words, rows, tile);
       else
         decode_strip<D, false>(q, ldq, kb, words, rows, tile);
+      float* acc_b = acc + b * acc_rows * kBlockN;
 #ifdef W4K_HAVE_AMX_PATH
-      if (D == Dtype::kBFloat16 && amx) {
-        cpu::amx_bf16_rows(pb.x + k0, pb.ldx, reinterpret_cast<const uint32_t*>(tile), kb,
-                           acc + b * pb.size_m * kBlockN, pb.size_m);
+      if (amx) {
+        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(tile);
+        if (split)
+          cpu::amx_bf16_rows(pb.xs + k0, pb.ldxs, pairs, kb, acc_b, acc_rows,
+                             reinterpret_cast<const uint32_t*>(tile + kAmxLoOffset));
+        else
+          cpu::amx_bf16_rows(pb.x + k0, pb.ldx, pairs, kb, acc_b, acc_rows);
         continue;
       }
 #endif
-      strip_all_rows<D>(pb, xf, k0, kb, tile, acc + b * pb.size_m * kBlockN, ldacc);
+      strip_all_rows<D>(pb, xf, k0, kb, tile, acc_b, ldacc);
     }
   }
+  if (split)
+    for (int64_t b = 0; b < nblocks; ++b) cpu::amx_fold_split_rows(acc + b * acc_rows * kBlockN, pb.size_m);
   // Lane index of each column (inverse of lane_column), per 16 columns; lane_column keeps the
   // 32-column halves, so half h reads lanes 32h .. 32h + 31 only.
   alignas(64) int32_t lane_of[kBlockN];
@@ -430,7 +485,7 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
     const int64_t n0 = n_begin + b * kBlockN;
     const int64_t ncols = std::min(kBlockN, n_end - n0);
     for (int64_t m = 0; m < pb.size_m; ++m) {
-      const float* a = acc + (b * pb.size_m + m) * kBlockN;
+      const float* a = acc + (b * acc_rows + m) * kBlockN;
       uint16_t* o = pb.out + m * pb.size_n + n0;
       if (ncols == kBlockN) {
         // vcvtneps2bf16 / vcvtps2ph round exactly as round_to<D> (RNE; bf16: NaN made quiet,

@@ -125,6 +125,15 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
   at::Tensor out = at::empty({size_m, size_n}, a.options());
   const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
+  // fp16 on a CPU with AMX tiles: the tile path takes a split into bf16 hi and lo parts
+  // (cpu/amx_bf16.h, amx_split_half) where it runs.
+  const bool fp16_amx =
+      type == cpu::HalfType::kFloat16 && isa == cpu::CpuIsa::kAvx512Bf16 &&
+      cpu::amx_bf16_enabled() &&
+      cpu::amx_split_activations_ok(reinterpret_cast<const uint16_t*>(a.data_ptr()), size_m,
+                                    size_k, a.stride(0)) &&
+      cpu::amx_split_scales_ok(reinterpret_cast<const uint16_t*>(b_scales.data_ptr()),
+                               b_scales.numel());
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
@@ -137,7 +146,11 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   if (num_chunks < 4 * threads)
     row_blocks = std::max<int64_t>(1, std::min((4 * threads + num_chunks - 1) / num_chunks,
                                                size_m / 48));
-  const int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
+  int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
+  if (fp16_amx && row_blocks > 1) {  // blocks of whole 8-row blocks of the split rows
+    rows_per_block = std::min(size_m, (rows_per_block + 7) / 8 * 8);
+    row_blocks = (size_m + rows_per_block - 1) / rows_per_block;
+  }
   const int64_t last_block_rows = size_m - (row_blocks - 1) * rows_per_block;
   // About 8 items per thread, their chunk counts differing by at most one. (A fixed count per
   // item left a short remainder: 11008 columns = 172 chunks were 17 items of 10 and one of 2,
@@ -149,11 +162,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   // itself (no fp32 result to store, read back and round: M x N x 8 bytes of traffic), and
   // with vdpbf16ps it reads only the bf16 copy of a (no fp32 one: M x K x 4 bytes).
   const cpu::W4a16RowPaths paths =
-      cpu::w4a16_gemm_row_paths(p, rows_per_block, isa, gather_bf16);
-  const bool blocked =
-      paths.blocked() &&
-      cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16).blocked();
-  const bool need_a32 = !(blocked && paths.use_dpbf16);
+      cpu::w4a16_gemm_row_paths(p, rows_per_block, isa, gather_bf16 || fp16_amx);
+  const cpu::W4a16RowPaths last_paths =
+      cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16 || fp16_amx);
+  const bool blocked = paths.blocked() && last_paths.blocked();
+  const bool split_fp16 = fp16_amx && (paths.use_amx || last_paths.use_amx);
+  const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx));
 
   // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
   // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
@@ -168,10 +182,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
   // bytes, next to the K * N / 2 of the weight).
   const int64_t lda_bf16 = size_k + 32;
-  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each), 16-float aligned
+  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each; fp16 split:
+  // [amx_split_tile_rows(M), lda_bf16]), 16-float aligned
   const int64_t a32_floats = need_a32 ? (size_m * lda + 15) / 16 * 16 : 0;
   const int64_t c32_floats = blocked ? 0 : (size_m * size_n + 15) / 16 * 16;
-  const int64_t bf16_floats = gather_bf16 ? (size_m * lda_bf16 + 1) / 2 : 0;
+  const int64_t a16_rows = gather_bf16 ? size_m : split_fp16 ? cpu::amx_split_tile_rows(size_m) : 0;
+  const int64_t bf16_floats = (a16_rows * lda_bf16 + 1) / 2;
   const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
   std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
                                                                           : own_scratch;
@@ -180,25 +196,40 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   float* const a32 = need_a32 ? scratch.data() : nullptr;
   float* const c32 = blocked ? nullptr : scratch.data() + a32_floats;
   uint16_t* const a_bf16 =
-      gather_bf16 ? reinterpret_cast<uint16_t*>(scratch.data() + a32_floats + c32_floats) : nullptr;
+      a16_rows ? reinterpret_cast<uint16_t*>(scratch.data() + a32_floats + c32_floats) : nullptr;
   uint16_t* const out_bits = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t rows_per_item = std::max<int64_t>(1, size_m / (4 * threads));
   const int64_t row_items = (size_m + rows_per_item - 1) / rows_per_item;
   const uint16_t* a_bits = reinterpret_cast<const uint16_t*>(a.data_ptr());
   const int32_t* perm_ptr = args.has_act_order ? perm->data_ptr<int32_t>() : nullptr;
   cpu::WorkQueue::instance().run(row_items, static_cast<int>(threads), [&](int64_t item) {
-    std::vector<uint16_t> gathered(perm_ptr && !gather_bf16 ? size_k : 0);
+    std::vector<uint16_t> gathered((perm_ptr && !gather_bf16) || split_fp16 ? size_k : 0);
     const int64_t m1 = std::min(size_m, (item + 1) * rows_per_item);
-    for (int64_t m = item * rows_per_item; m < m1; ++m)
+    for (int64_t m = item * rows_per_item; m < m1; ++m) {
+      // fp16 split: the row (gathered) in `gathered`, then its parts from there
       cpu::prepare_a_row(a_bits + m * a.stride(0), perm_ptr, size_k, type, avx512,
                          a32 ? a32 + m * lda : nullptr,
-                         gather_bf16 ? a_bf16 + m * lda_bf16 : nullptr, gathered.data());
+                         gather_bf16 ? a_bf16 + m * lda_bf16
+                                     : split_fp16 ? gathered.data() : nullptr,
+                         gathered.data());
+#ifdef W4K_HAVE_AMX_SPLIT
+      if (split_fp16)
+        cpu::amx_split_half_row(gathered.data(), size_k,
+                                a_bf16 + cpu::amx_split_row(m, 0) * lda_bf16,
+                                a_bf16 + cpu::amx_split_row(m, 1) * lda_bf16);
+#endif
+    }
   });
+  if (split_fp16)  // the last 8-row block's rows past M: zero hi and lo parts
+    for (int64_t m = size_m; m % cpu::kAmxSplitRows != 0; ++m)
+      for (int h = 0; h < 2; ++h)
+        std::memset(a_bf16 + cpu::amx_split_row(m, h) * lda_bf16, 0, sizeof(uint16_t) * size_k);
 
   p.a = a32;
   p.lda = lda;
   if (a_bf16 != nullptr) {
     p.a_bf16 = a_bf16;
+    p.a_split = split_fp16;
     p.lda_bf16 = lda_bf16;
   }
   p.c = c32;

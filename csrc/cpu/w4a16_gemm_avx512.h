@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/amx_bf16.h"
 #include "cpu/w4a16_gemm_layout.h"
 
 // W4K_NO_AVX512 builds the portable path only (used to check that it compiles on its own).
@@ -195,11 +196,12 @@ __attribute__((target("avx512f"))) inline __m512 bf16_pair_odd(__m512i pair) {
       _mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-template <bool kZp>
-__attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t* words,
-                                                                  const float* const* srow,
-                                                                  const float* const* zrow,
-                                                                  uint32_t* wpairs) {
+// kSplit: fp16 weights for the AMX path: each value rounded to fp16, then its hi part into
+// wpairs and its lo part into wpairs_lo (amx_split_half), both in the same pair layout.
+template <bool kZp, bool kSplit = false>
+__attribute__((target("avx512f,f16c"))) void dequant_tile_pairs_avx512(
+    const int32_t* words, const float* const* srow, const float* const* zrow, uint32_t* wpairs,
+    uint32_t* wpairs_lo = nullptr) {
   const __m512 code = code_values<kZp>();
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int cg = 0; cg < 2; ++cg) {
@@ -220,6 +222,19 @@ __attribute__((target("avx512f"))) void dequant_tile_pairs_avx512(const int32_t*
         w_even = _mm512_mul_ps(w_even, _mm512_loadu_ps(srow[row] + x0));
         w_odd = _mm512_mul_ps(w_odd, _mm512_loadu_ps(srow[row + 1] + x0));
         // (odd & 0xffff0000) | (even >> 16): imm 0xd8 = "c ? b : a" bitwise
+        if constexpr (kSplit) {
+          constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+          __m512i hi_even, lo_even, hi_odd, lo_odd;
+          amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w_even, kRne)), hi_even, lo_even);
+          amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w_odd, kRne)), hi_odd, lo_odd);
+          _mm512_storeu_si512(wpairs + (row / 2) * 64 + x0,
+                              _mm512_ternarylogic_epi32(_mm512_srli_epi32(hi_even, 16), hi_odd,
+                                                        high, 0xd8));
+          _mm512_storeu_si512(wpairs_lo + (row / 2) * 64 + x0,
+                              _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo_even, 16), lo_odd,
+                                                        high, 0xd8));
+          continue;
+        }
         __m512i pair = _mm512_ternarylogic_epi32(_mm512_srli_epi32(bf16_rne_bits(w_even), 16),
                                                  bf16_rne_bits(w_odd), high, 0xd8);
         _mm512_storeu_si512(wpairs + (row / 2) * 64 + x0, pair);

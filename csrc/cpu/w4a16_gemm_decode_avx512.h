@@ -28,6 +28,7 @@
 // do not follow; the first pass over a block of tiles prefetches the tiles kPrefetchTiles ahead.
 #pragma once
 
+#include "cpu/amx_bf16.h"
 #include "cpu/w4a16_gemm_avx512.h"
 
 #ifdef W4K_HAVE_AVX512_PATH
@@ -70,7 +71,10 @@ __attribute__((target("avx512f"))) inline __m512i bf16_like_cvtne_avx512(__m512 
 
 // kEmu: for a CPU without AVX512-BF16 (the decode path's vdpbf16ps emulated by two FMAs), the
 // bf16 rounding done by bf16_like_cvtne_avx512 instead of vcvtne2ps2bf16: the same bits.
-template <bool kFp16, bool kEmu = false>
+// kSplit (with kFp16): the AMX path's tables instead, two bf16 tables in the bf16 layout: the
+// value rounded to fp16, split into hi (tbl[cb * 64 + 16j + q]) and lo (tbl[1024 + ...]) by
+// amx_split_half.
+template <bool kFp16, bool kEmu = false, bool kSplit = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_table_avx512(
     const uint16_t* s_row, const int32_t* z_words, uint16_t* tbl) {
   // Table-order index i = (2c + b2) * 4 + j (c = i / 8, b2 = (i / 4) % 2, j = i % 4): the scale
@@ -117,7 +121,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
     for (int j = 0; j < 4; ++j)
       w[j] = _mm512_fmsub_ps(code, _mm512_set1_ps(s_tab[4 * cb + j]),
                              _mm512_set1_ps(zs_tab[4 * cb + j]));
-    if constexpr (kFp16) {
+    if constexpr (kFp16 && kSplit) {
+      constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      for (int j = 0; j < 4; ++j) {
+        __m512i hi, lo;
+        amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w[j], kRne)), hi, lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tbl + cb * 64 + 16 * j),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tbl + 1024 + cb * 64 + 16 * j),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
+      }
+    } else if constexpr (kFp16) {
       // The value rounded to fp16 and widened back (exact), split into the high and low 16
       // bits of its fp32 encoding: entry 16j + q of the high table is the high half of w[j][q]
       // (16-bit element 2q + 1 of w[j]), of the low table the low half (element 2q).

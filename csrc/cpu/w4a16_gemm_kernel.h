@@ -105,9 +105,9 @@ inline CpuIsa w4a16_gemm_cpu_isa() {
 // M = 4 and 6, 2 threads, 2026-11-24; without, bf16 takes the decode path with vdpbf16ps
 // emulated up to 8 rows and the blocked path above, whose orders every ISA shares);
 // W4K_W4A16_LUT_ROWS overrides it (benchmarks and tests compare both paths with it).
-inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
+inline int64_t w4a16_gemm_lut_max_rows(bool fp16, bool amx = false) {
   const char* env = std::getenv("W4K_W4A16_LUT_ROWS");
-  return env ? std::atoll(env) : (fp16 ? 8 : 0);
+  return env ? std::atoll(env) : (fp16 && !amx ? 8 : 0);
 }
 
 // Rows of a up to which the decode path is used (pair_chunks_avx512): 8, bf16 and fp16;
@@ -132,10 +132,13 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16) {
 // With AMX tiles (bf16, amx_bf16.h) the blocked path takes over from 5 rows: measured
 // 2026-11-27 on the Intel Xeon (AMX-BF16) machine, 11008 x 4096, g128, 2 threads, min of 10
 // calls, ms decode path / blocked AMX: M = 2 2.23 / 3.80, 3 3.56 / 4.90, 4 4.23 / 4.83, 5 5.20 /
-// 4.64, 6 6.36 / 4.86, 8 6.71 / 3.87.
-inline int64_t w4a16_gemm_pair_max_rows(bool amx = false) {
+// 4.64, 6 6.36 / 4.86, 8 6.71 / 3.87. fp16 on the tiles (split in two bf16, four tile products
+// per product) from 7 rows: 2026-11-28, same machine and shape, medians of 12 calls (weights
+// rotated), two runs, ms decode path / tiles: M = 5 7.92, 6.35 / 8.96, 7.17; 6 8.90, 6.32 /
+// 9.06, 7.12; 7 9.18, 6.58 / 9.39, 6.29; 8 9.74, 8.68 / 8.89, 6.59.
+inline int64_t w4a16_gemm_pair_max_rows(bool amx = false, bool fp16 = false) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
-  return env ? std::atoll(env) : amx ? 4 : 8;
+  return env ? std::atoll(env) : !amx ? 8 : fp16 ? 6 : 4;
 }
 
 // srow[r] / zrow[r] (r = 0..15): the decoded scales and zero points (decode_chunk_groups' sc and
@@ -651,6 +654,13 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
   const int64_t nch = chunk_end - chunk_begin, num_tiles = p.size_k / 16;
   const int64_t gstride = p.num_groups * 64;
   const bool has_zp = p.zeros != nullptr, per_channel = p.num_groups == 1;
+  // fp16: a as split rows (p.a_split, amx_split_row; m0 a multiple of 8), and the grouped
+  // weights split too (amx_split_half); per channel the weights q - z are integers, exact in
+  // bf16 (no lo part).
+  const bool split_w = p.a_split && !per_channel;
+  const int64_t tile_rows = p.a_split ? amx_split_tile_rows(rows) : rows;
+  const int64_t a_row0 = p.a_split ? amx_split_row(m0, 0) : m0;
+  const int64_t tbl_entries = split_w ? 2048 : 1024;  // per chunk: the hi and lo tables
   const bool any_mixed = std::any_of(tile_group, tile_group + num_tiles,
                                      [](int32_t g) { return g < 0; });
   // fp32 scales / zero points (decode_chunk_groups) where the fp32 decode or the per-channel
@@ -675,11 +685,11 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
   grow(scratch.sc, fp32_groups ? nch * gstride : 0);
   grow(scratch.zf, fp32_groups && has_zp ? nch * gstride : 0);
   grow(scratch.chan, per_channel ? nch * 64 : 0);
-  grow(scratch.pairs, kPairWords);
-  grow(scratch.acc, nch * rows * 64);
-  grow(scratch.tbl, nch * 16 * 64);
+  grow(scratch.pairs, (split_w ? 2 : 1) * kPairWords);  // hi pair rows, then lo
+  grow(scratch.acc, nch * tile_rows * 64);
+  grow(scratch.tbl, nch * tbl_entries);
   scratch.tbl_group.assign(nch, -1);
-  std::fill(scratch.acc.begin(), scratch.acc.begin() + nch * rows * 64, 0.0f);
+  std::fill(scratch.acc.begin(), scratch.acc.begin() + nch * tile_rows * 64, 0.0f);
   std::vector<float>& sc = scratch.sc;
   std::vector<float>& zf = scratch.zf;
   std::vector<float>& chan = scratch.chan;
@@ -710,31 +720,40 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
         if (k0 + 32 < kb + kc)
           for (int l = 0; l < 8; ++l) __builtin_prefetch(words + 2 * 2 * p.size_n + 16 * l, 0, 3);
         uint32_t* dst = pairs.data() + (k0 - kb) / 2 * 64;
+        uint32_t* dst_lo = dst + kPairWords;
         const int64_t g = tile_group[kt];
         if (g >= 0 && pair_lut) {  // one group: table lookups
-          uint16_t* t = tbl.data() + c * 16 * 64;
+          uint16_t* t = tbl.data() + c * tbl_entries;
           if (g != tbl_group[c]) {
             const uint16_t* s_row = per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch;
             const int32_t* z_words = has_zp ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr;
-            build_pair_table_avx512<false>(s_row, z_words, t);
+            if (split_w) build_pair_table_avx512<true, false, true>(s_row, z_words, t);
+            else build_pair_table_avx512<false>(s_row, z_words, t);
             tbl_group[c] = g;
           }
           decode_tile_pairs_lut_avx512(words, t, dst);
+          if (split_w) decode_tile_pairs_lut_avx512(words, t + 1024, dst_lo);
           continue;
         }
         tile_row_groups(p, kt, sc.data() + c * gstride, has_zp ? zf.data() + c * gstride : nullptr,
                         srow, zrow);
-        if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, dst);
+        if (split_w && has_zp) dequant_tile_pairs_avx512<true, true>(words, srow, zrow, dst, dst_lo);
+        else if (split_w) dequant_tile_pairs_avx512<false, true>(words, srow, zrow, dst, dst_lo);
+        else if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, dst);
         else dequant_tile_pairs_avx512<false>(words, srow, zrow, dst);
       }
       // the chunk's products, every row block, while its pair rows are in L1
-      amx_bf16_rows(p.a_bf16 + m0 * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
-                    acc.data() + c * rows * 64, rows);
+      amx_bf16_rows(p.a_bf16 + a_row0 * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
+                    acc.data() + c * tile_rows * 64, tile_rows,
+                    split_w ? pairs.data() + kPairWords : nullptr);
     }
   }
-  for (int64_t c = 0; c < nch; ++c)
+  for (int64_t c = 0; c < nch; ++c) {
+    float* sums = acc.data() + c * tile_rows * 64;
+    if (p.a_split) amx_fold_split_rows(sums, rows);
     write_chunk_out(p, chunk_begin + c, m0, rows, per_channel ? chan.data() + c * 64 : nullptr,
-                    acc.data() + c * rows * 64, true);
+                    sums, true);
+  }
 }
 #endif
 
@@ -763,7 +782,8 @@ struct W4a16RowPaths {
   bool blocked() const { return !use_lut && !use_pairs && !decode_order && !lut_order; }
 };
 
-// has_a_bf16: a is also given as bf16 (p.a_bf16; the binding does that for bf16 activations).
+// has_a_bf16: a is also given as bf16 (p.a_bf16; the binding does that for bf16 activations,
+// and for fp16 ones on AMX as hi and lo parts, w4a16_gemm_fp16_split).
 inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t rows, CpuIsa isa,
                                           bool has_a_bf16) {
   const bool avx512 = is_avx512(isa);
@@ -771,10 +791,12 @@ inline W4a16RowPaths w4a16_gemm_row_paths(const W4a16GemmProblem& p, int64_t row
   const bool tiles_ok = p.g_idx != nullptr || p.group_size % 16 == 0;
   W4a16RowPaths r;
   r.use_dpbf16 = isa == CpuIsa::kAvx512Bf16 && !fp16 && has_a_bf16;
-  r.use_lut = avx512 && tiles_ok && rows <= w4a16_gemm_lut_max_rows(fp16);
-  const bool amx = r.use_dpbf16 && amx_bf16_enabled();
+  // AMX tiles: bf16 activations as they are, fp16 ones split into two bf16 (the binding then
+  // gives their hi and lo parts as a_bf16 and a_lo: has_a_bf16).
+  const bool amx = isa == CpuIsa::kAvx512Bf16 && has_a_bf16 && amx_bf16_enabled();
+  r.use_lut = avx512 && tiles_ok && rows <= w4a16_gemm_lut_max_rows(fp16, amx);
   r.use_pairs = avx512 && (fp16 || has_a_bf16) && tiles_ok &&
-                rows <= w4a16_gemm_pair_max_rows(amx);
+                rows <= w4a16_gemm_pair_max_rows(amx, fp16);
   r.decode_order = !avx512 && decode_order_applies(p);
   r.lut_order = !avx512 && !r.decode_order && fp16 && tiles_ok &&
                 rows > w4a16_gemm_pair_max_rows() && rows <= w4a16_gemm_lut_max_rows(true);
@@ -827,7 +849,8 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
   const char* lut_env = std::getenv("W4K_W4A16_PAIR_LUT");
   const bool pair_lut = !(lut_env && std::strcmp(lut_env, "0") == 0);
   const bool emu_lut = avx512 && !use_dpbf16 && !fp16 && pair_lut;
-  if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order || emu_lut) {
+  if (use_lut || use_pairs || use_dpbf16 || decode_order || lut_order || emu_lut ||
+      paths.use_amx) {
     tile_group.resize(p.size_k / 16);
     for (int64_t kt = 0; kt < p.size_k / 16; ++kt) {
       if (p.g_idx == nullptr) {

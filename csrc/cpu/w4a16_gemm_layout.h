@@ -20,8 +20,9 @@ enum class HalfType { kFloat16, kBFloat16 };
 struct W4a16GemmProblem {
   const float* a;              // [size_m, size_k] fp32, row stride lda; act-order already applied
   int64_t lda;
-  const uint16_t* a_bf16;      // the same rows as bf16 bits (bf16 activations only) or nullptr
-  int64_t lda_bf16;
+  const uint16_t* a_bf16;      // the same rows as bf16 bits (bf16 activations; fp16 on AMX:
+  int64_t lda_bf16;            //   split rows, amx_split_row, if a_split) or nullptr
+  bool a_split = false;
   const int32_t* b_q_weight;   // [size_k / 16, 2 * size_n], Marlin layout
   const uint16_t* scales;      // [num_groups, size_n], Marlin-permuted, bits of weight_type
   const int32_t* zeros;        // [num_groups, size_n / 8] Marlin zero points, or nullptr (z = 8)
