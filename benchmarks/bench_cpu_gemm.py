@@ -8,7 +8,7 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
   ``dyn_quant_matmul_4bit`` (KleidiAI int8 x int4, block 128, fp32 in/out), and the
   int8-activation mode ``w4a8_gemm`` (Marlin GPTQ g128 and AWQ zero points g128, bf16) and
   ``awq_gemm_a8`` (AutoAWQ tensors, bf16);
-* torch: fp32 and bf16 ``F.linear`` on the dense weight, ``aten._weight_int4pack_mm_for_cpu``
+* torch: fp32, bf16 and fp16 ``F.linear`` on the dense weight, ``aten._weight_int4pack_mm_for_cpu``
   (bf16, g128), and ``awq_dequantize`` + bf16 ``torch.matmul`` (the un-fused route, which the
   dispatch rule below compares against ``awq_gemm``);
 * ONNX Runtime ``MatMulNBits`` (bits 4, block 128, zero points; accuracy level 0 = fp32
@@ -23,9 +23,10 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
 Per row: median ms, weight GB/s (the format's weight bytes, scales included, over the time) and
 % of the read probe, GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
 bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows; "NN%a": of the
-AMX peak, for our bf16 rows that run on AMX tiles), and for our
-rows the ratio to the fastest competitor of the same arithmetic (>1: we are faster): exact bf16
-(torch bf16, torch int4, ORT level 0) or int8 (ORT level 4); the int8-activation rows also get
+AMX peak, for our rows that run on AMX tiles, counting the four tile products per product of
+the fp16 split), and for our rows the ratio to the fastest competitor of the same arithmetic
+(>1: we are faster): exact bf16 (torch bf16, torch int4, ORT level 0), exact fp16 (torch fp16,
+ORT level 0) or int8 (ORT level 4); the int8-activation rows also get
 ``x kai``, KleidiAI's ms / ours (the issue's bar for the mode). Then the dispatch rule: the
 smallest M from which ``awq_dequantize`` + ``torch.matmul`` beats ``awq_gemm`` on every shape.
 
@@ -403,6 +404,7 @@ METHODS = {
     "awq dequant+mm": ("bf16", "bf16", False),
     "torch fp32": ("fp32", "fp32", False),
     "torch bf16": ("bf16", "bf16", False),
+    "torch fp16": ("fp32", "fp16", False),
     "torch int4 bf16": ("bf16", "bf16", False),
     "ort acc0": ("fp32", "np32", False),
     "ort acc4": ("int8", "np32", False),
@@ -410,15 +412,21 @@ METHODS = {
 # Competitors each of our rows is ranked against (the same arithmetic: exact 16-bit weights
 # with fp32 sums, or int8 activations).
 EXACT_PEERS = ["torch bf16", "torch int4 bf16", "ort acc0"]
+FP16_PEERS = ["torch fp16", "ort acc0"]  # our fp16 rows: the same activations
 INT8_PEERS = ["ort acc4"]
 INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also ranked vs KleidiAI
 
 
 def on_amx(name, m):
-    """Whether the row runs on AMX tiles where the CPU has them: bf16 w4a16_gemm and awq_gemm
-    from 5 rows (their limits by default), not with W4K_CPU_AMX=0 (@noamx) or an ISA cap."""
-    return (name.startswith(("w4a16", "awq_gemm bf16")) and name.split(" @")[0].endswith("bf16")
-            and " @" not in name and m >= 5)
+    """How many tile products per product the row spends where the CPU has AMX tiles (0: not
+    on the tiles), by the ops' default limits: bf16 w4a16_gemm and awq_gemm from 5 rows (1),
+    fp16 split into two bf16 (4) in w4a16_gemm from 7 rows and awq_gemm from 32; never with
+    W4K_CPU_AMX=0 (@noamx) or an ISA cap."""
+    if " @" in name or not name.startswith(("w4a16", "awq_gemm ")):
+        return 0
+    if name.endswith("bf16"):
+        return 1 if m >= 5 else 0
+    return 4 if m >= (32 if name.startswith("awq_gemm") else 7) else 0
 
 
 def with_isa(built, isa):
@@ -462,6 +470,8 @@ def build(name, k, n, gen, quick, threads):
         return m_dense(k, n, gen, quick, torch.float32)
     if name == "torch bf16":
         return m_dense(k, n, gen, quick, torch.bfloat16)
+    if name == "torch fp16":
+        return m_dense(k, n, gen, quick, torch.float16)
     if name == "torch int4 bf16":
         return m_torch_int4(k, n, gen, quick)
     if name.startswith("ort"):
@@ -582,11 +592,13 @@ def main(argv=None):
                 arith, _, ours = METHODS[name]
                 flops = 2.0 * m * n * k / t
                 pk = f"{100 * flops / peaks[arith]:5.0f}%" if arith in peaks else f"{'-':>6}"
-                if ours and arith == "bf16" and "amx" in peaks and on_amx(name, m):
-                    pk = f"{100 * flops / peaks['amx']:4.0f}%a"  # of the AMX tiles' peak
+                tiles = on_amx(name, m) if ours and "amx" in peaks else 0
+                if tiles:  # of the AMX tiles' peak, every tile product counted
+                    pk = f"{100 * tiles * flops / peaks['amx']:4.0f}%a"
                 best = "-"
                 if ours:
-                    peers = INT8_PEERS if arith == "int8" else EXACT_PEERS
+                    peers = (INT8_PEERS if arith == "int8" else
+                             FP16_PEERS if METHODS[name][1] == "fp16" else EXACT_PEERS)
                     ts = [results[(n, k, p, m)] for p in peers if (n, k, p, m) in results]
                     if ts:
                         best = f"{min(ts) / t:.2f}"

@@ -262,12 +262,16 @@ def test_awq_amx_at_few_rows_when_forced(monkeypatch):
                           x.double(), w)
 
 
+# awq_gemm's fp16 split at every M (by default from 32 rows, awq_gemm_cpu.h kAmxFp16MinRows)
+AWQ_SPLIT_ON = {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0", "W4K_AWQ_AMX_FP16_ROWS": "0"}
+
+
 @pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)
 def test_awq_amx_fp16_against_reference_and_threads(monkeypatch, size_m, size_k, size_n,
                                                    group_size):
-    """fp16 on the tiles (from 8 rows; forced below that): the split rows of x and of each
+    """fp16 on the tiles (from 32 rows; forced below that): the split rows of x and of each
     strip's weights, odd K (a last pair (w, 0) in both parts), partial 8-row blocks."""
-    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+    _env(monkeypatch, AWQ_SPLIT_ON)
     qw, s, qz = _awq(size_k, size_n, group_size, torch.float16, seed=size_m + size_k)
     x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n))
     x = x.to(torch.float16)
@@ -292,7 +296,7 @@ def test_awq_amx_fp16_infinities_and_path(monkeypatch):
     x[2, 17] = float("inf")
     w = reference.awq_dequantize(qw, s, qz).double()
     with monkeypatch.context() as mp:
-        _env(mp, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+        _env(mp, AWQ_SPLIT_ON)
         out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8).double()
     ref = x.double() @ w
     assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out.isnan(), ref.isnan())
@@ -305,9 +309,9 @@ def test_awq_amx_fp16_infinities_and_path(monkeypatch):
     x[:, 1::16] = 30000.0
     x[:, 2::16] = -30000.0
     with monkeypatch.context() as mp:
-        _env(mp, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+        _env(mp, AWQ_SPLIT_ON)
         amx = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
     with monkeypatch.context() as mp:
-        _env(mp, {"W4K_CPU_AMX": "0", "W4K_AWQ_LUT_ROWS": "0"})
+        _env(mp, {**AWQ_SPLIT_ON, "W4K_CPU_AMX": "0"})
         fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
     assert not golden.same_bits(amx, fma)

@@ -109,8 +109,9 @@ inline void amx_fold_split_rows(float* acc, int64_t rows) {
 // instead of K; the tests' bound counts them). Where a value is an integer of up to 8 bits
 // (the per-channel weights q - z) its lo is zero and that half of the products is skipped.
 // A NaN gives a NaN lo (and a NaN or an infinite hi), so the sum is a NaN as it should be. An
-// infinity cannot go through the split: hi = +-inf and lo = 0, and then a cross product
-// inf * 0 (the other operand's lo or hi part zero) is a NaN where the product is +-inf. So
+// infinity cannot go through the split: at best hi = +-inf and lo = 0, and then a cross
+// product inf * 0 (the other operand's lo or hi part zero) is a NaN where the product is
+// +-inf. So
 // the split path runs only where no value is infinite: activations without an infinity
 // (amx_split_activations_ok) and scales of at most 4096 in magnitude (amx_split_scales_ok:
 // then |(q - z) * s| <= 15 * 4096 < 65504, no weight overflows fp16); elsewhere the calls
@@ -133,14 +134,11 @@ inline bool amx_split_scales_ok(const uint16_t* s, int64_t n) {
 // Lane i of v (16 fp32 values, each an fp16 value widened exactly) -> hi and lo as fp32 bit
 // patterns whose low 16 bits are zero (each exactly a bf16 value: its bits are the high half).
 // AVX-512F only, so every decoder can inline it.
+// No lane may be infinite (the callers' checks above).
 __attribute__((target("avx512f"))) inline void amx_split_half(__m512 v, __m512i& hi,
                                                               __m512i& lo) {
-  const __m512i b = _mm512_castps_si512(v);
-  hi = _mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __mmask16 inf = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  lo = _mm512_castps_si512(
-      _mm512_maskz_sub_ps(static_cast<__mmask16>(~inf), v, _mm512_castsi512_ps(hi)));
+  hi = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  lo = _mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(hi)));
 }
 
 // n fp16 values (bits) -> their hi and lo parts as bf16 bits (amx_split_half).

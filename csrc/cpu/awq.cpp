@@ -238,7 +238,7 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, widen());
   const bool amx = simd && cpu::amx_bf16_enabled();
   const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
-  const bool tiles_amx = amx && !lut;
+  const bool tiles_amx = amx && !lut && (!kFp16 || pb.size_m >= awq_cpu::amx_fp16_min_rows());
   std::vector<uint16_t> xs;  // fp16 on the tiles: x as split rows
   const float* xf = nullptr;
 #ifdef W4K_HAVE_AMX_SPLIT

@@ -54,6 +54,18 @@ constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns,
 // 6.91, M = 256 19.4 / 15.3 / 15.8; 4096 x 11008 M = 64 8.58 / 7.94 / 10.7, M = 256 30.7 / 29.8
 // / 30.4; 4096 x 4096 M = 64 2.74 / 2.62 / 3.19, M = 256 5.88 / 5.35 / 5.40.
 constexpr int64_t kChunkBlocksAmx = 8;
+// fp16 on AMX tiles (x and the weights split into bf16 hi and lo parts, four tile products per
+// product) from 32 rows; below, the fp32 FMA tile path. Measured 2026-11-28 (2 threads,
+// medians of 8 calls alternating, weights rotated), x speed-up of the tiles: M = 16 0.90 /
+// 0.85 / 0.95 on 11008 x 4096 / 4096 x 11008 / 4096 x 4096, M = 24 1.02 / 0.95 / 1.03, M = 32
+// 1.03 / 1.09 / 1.09, M = 48 1.12 / 1.18 / 1.22. (The split decode, ~10 more instructions
+// per 16 weights, weighs as much as the 4x tile work.)
+// W4K_AWQ_AMX_FP16_ROWS overrides it (tests run the split at every M with it).
+constexpr int64_t kAmxFp16MinRows = 32;
+inline int64_t amx_fp16_min_rows() {
+  const char* env = std::getenv("W4K_AWQ_AMX_FP16_ROWS");
+  return env ? std::atoll(env) : kAmxFp16MinRows;
+}
 constexpr int64_t kStripK = 128;    // rows of K per strip (the decoded tile stays in L1)
 // The AVX-512 bf16 tile path's strips: 256 rows as bf16 pairs take the 32 KiB of 128 fp32 rows,
 // and spread each load / store of the 6 x 64 accumulators over twice the vdpbf16ps.
@@ -334,7 +346,8 @@ W4K_AWQ_AVX512 void decode_strip_split(const int32_t* q, int64_t ldq, int64_t kb
       cpu::amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w1[j], kRne)), hi1, lo1);
       // lane i = (row r, row r + 1): (w1 & 0xffff0000) | (w0 >> 16), imm 0xd8 = "c ? b : a"
       float* dst = tile + (r / 2 * 4 + j) * 16;
-      _mm512_store_si512(dst, _mm512_ternarylogic_epi32(_mm512_srli_epi32(hi0, 16), hi1, high, 0xd8));
+      _mm512_store_si512(dst,
+                         _mm512_ternarylogic_epi32(_mm512_srli_epi32(hi0, 16), hi1, high, 0xd8));
       _mm512_store_si512(dst + kAmxLoOffset,
                          _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo0, 16), lo1, high, 0xd8));
     }
@@ -476,7 +489,8 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
     }
   }
   if (split)
-    for (int64_t b = 0; b < nblocks; ++b) cpu::amx_fold_split_rows(acc + b * acc_rows * kBlockN, pb.size_m);
+    for (int64_t b = 0; b < nblocks; ++b)
+      cpu::amx_fold_split_rows(acc + b * acc_rows * kBlockN, pb.size_m);
   // Lane index of each column (inverse of lane_column), per 16 columns; lane_column keeps the
   // 32-column halves, so half h reads lanes 32h .. 32h + 31 only.
   alignas(64) int32_t lane_of[kBlockN];

@@ -737,8 +737,10 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
         }
         tile_row_groups(p, kt, sc.data() + c * gstride, has_zp ? zf.data() + c * gstride : nullptr,
                         srow, zrow);
-        if (split_w && has_zp) dequant_tile_pairs_avx512<true, true>(words, srow, zrow, dst, dst_lo);
-        else if (split_w) dequant_tile_pairs_avx512<false, true>(words, srow, zrow, dst, dst_lo);
+        if (split_w && has_zp)
+          dequant_tile_pairs_avx512<true, true>(words, srow, zrow, dst, dst_lo);
+        else if (split_w)
+          dequant_tile_pairs_avx512<false, true>(words, srow, zrow, dst, dst_lo);
         else if (has_zp) dequant_tile_pairs_avx512<true>(words, srow, zrow, dst);
         else dequant_tile_pairs_avx512<false>(words, srow, zrow, dst);
       }
