@@ -17,8 +17,15 @@ give, and what is checked here:
 * that it runs: on a cancelling input (test_w4a16_gemm.make_case's `cancel`) its bits differ
   from the vdpbf16ps path's.
 
-Everything here skips on a CPU without AMX-BF16: the path cannot run there (the kernels check
-CPUID, XCR0 and ask Linux for the tile state before they use it).
+fp16 activations run on the same tiles with every fp16 value split exactly into two bf16 (four
+tile products per product): the reference within the bound of 4 K + 1 fp32 additions, threads,
+inputs whose lo parts matter, infinities (which take the FMA path), and a witness that it ran.
+The int8-activation mode runs its blocks on AMX-INT8 (TDPBSUD): exact integer sums, so the same
+bits as the vpdpbusd and portable paths.
+
+Everything here skips on a CPU without AMX-BF16 (the int8 tests without AMX-INT8): the path
+cannot run there (the kernels check CPUID, XCR0 and ask Linux for the tile state before they
+use it).
 """
 
 import pytest
@@ -315,3 +322,47 @@ def test_awq_amx_fp16_infinities_and_path(monkeypatch):
         _env(mp, {**AWQ_SPLIT_ON, "W4K_CPU_AMX": "0"})
         fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
     assert not golden.same_bits(amx, fma)
+
+
+# ---- the int8-activation mode on AMX-INT8 tiles (w4a8_gemm_avx512.h, amx_a8_rows) ----------------
+
+A8_CASES = [  # (format, M, K, N, group, act_order, zero points, bias, dtype)
+    ("marlin", 16, 256, 64, 128, None, False, False, torch.bfloat16),
+    ("marlin", 17, 1024, 320, 128, "k_full", True, True, torch.float16),  # partial row block
+    ("marlin", 33, 512, 192, 64, None, True, False, torch.bfloat16),      # blocks of 64
+    ("marlin", 200, 11008, 128, 128, None, False, True, torch.bfloat16),
+    ("marlin", 37, 1024, 64, -1, None, True, False, torch.float16),      # per channel: 128
+    ("marlin", 20, 256, 64, 32, None, False, False, torch.bfloat16),     # blocks of 32: vpdpbusd
+    ("awq", 64, 256, 320, 128, None, None, None, torch.bfloat16),        # pairs + a lone chunk
+    ("awq", 65, 1024, 192, 64, None, None, None, torch.float16),
+    ("awq", 300, 512, 128, 128, None, None, None, torch.bfloat16),
+]
+
+
+@pytest.mark.skipif("amx_int8" not in cpu_flags(), reason="this CPU has no AMX-INT8")
+@pytest.mark.parametrize("case", A8_CASES,
+                         ids=[f"{c[0]}-m{c[1]}-k{c[2]}-g{c[4]}" for c in A8_CASES])
+@pytest.mark.parametrize("amx_rows", ["default", "1"])
+def test_int8_mode_amx_same_bits(monkeypatch, case, amx_rows):
+    """The int8 mode's integer sums are exact in any order, so the tiles give the bits of the
+    vpdpbusd path and of the portable loop, and the reference's within its bound (from 16 rows
+    for Marlin, 64 for AWQ; W4K_A8_AMX_ROWS=1 takes the tiles at every M these cases have)."""
+    from test_int8_act import _tight_tol, awq_case, marlin_case
+    from w4kernels import ops
+    fmt, m, k, n, g, act, zp, bias, dt = case
+    if fmt == "marlin":
+        args, a_rows, w, group = marlin_case(m, k, n, g, dt, act, zp, bias, seed=m + k)
+        op, ref_op, b = ops.w4a8_gemm, reference.w4a8_gemm, args[-1]
+    else:
+        args, a_rows, w, group = awq_case(m, k, n, g, dt, seed=m)
+        op, ref_op, b = ops.awq_gemm_a8, reference.awq_gemm_a8, None
+    if amx_rows != "default":
+        monkeypatch.setenv("W4K_A8_AMX_ROWS", amx_rows)
+    monkeypatch.setenv("W4K_CPU_AMX", "1")
+    amx = op(*args)
+    ref = ref_op(*args)
+    assert ((amx.double() - ref).abs() <= _tight_tol(ref, a_rows, w, group, b)).all()
+    monkeypatch.setenv("W4K_CPU_AMX", "0")
+    assert golden.same_bits(op(*args), amx)
+    monkeypatch.setenv("W4K_CPU_ISA", "scalar")
+    assert golden.same_bits(op(*args), amx)

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -184,6 +185,16 @@ inline bool amx_bf16_enabled() {
   return amx_bf16_available();
 }
 
+// AMX-INT8 (TDPBSUD, the int8-activation mode): the same tiles, CPUID.7.0:EDX bit 25; the same
+// switch.
+inline bool amx_int8_enabled() {
+  static const bool int8 = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 25));
+  }();
+  return int8 && amx_bf16_enabled();
+}
+
 // Tiles 0..3: C (16 rows x 16 fp32), 4: A (16 rows x 32 bf16), 5 and 6: B (16 pair rows x 16
 // columns).
 // Configured for the scope of one work item on its thread, released at its end (a released
@@ -217,6 +228,13 @@ class AmxTileScope {
   bool on_;
 };
 
+// GCC's _tile_loadd is an asm with the pointer as a plain register operand and no "memory"
+// clobber, so the compiler does not know it reads the buffer: stores that fill a buffer just
+// before a tile load of it may be moved after the load (or dropped). Every padded copy a tile
+// loads is followed by this compiler barrier (it emits no instruction), and so is the entry
+// of each tile kernel (its callers' stores of the operands). _tile_stored has the clobber.
+inline void amx_stores_before_tile_load() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64] for i < rows, k < kc: a bf16 (16-bit
 // patterns), w as ceil(kc / 2) pair rows of 64 lanes (row stride 64; an odd kc's last pair row
 // holds (w[kc - 1], 0)), acc fp32 with row stride 64. Needs an AmxTileScope on this thread.
@@ -231,6 +249,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
   alignas(64) uint32_t b_tail[2][16 * 64];  // the last step's pair rows, zero-padded to 16
   alignas(64) uint16_t a_pad[16 * 32];      // one step's A rows, zero-padded
   alignas(64) float c_pad[16 * 64];         // a partial row block's accumulators
+  amx_stores_before_tile_load();  // the caller's stores of a, the pair rows and acc
   if (tail_k) {
     const int64_t pairs = (tail_k + 1) / 2;
     for (int h = 0; h < (kWLo ? 2 : 1); ++h) {
@@ -238,6 +257,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
                   sizeof(uint32_t) * 64 * pairs);
       std::memset(b_tail[h] + 64 * pairs, 0, sizeof(uint32_t) * 64 * (16 - pairs));
     }
+    amx_stores_before_tile_load();
   }
   // Step k0 of rows [i0, i0 + r) into tile 4: straight from a when the step is whole, else
   // through a_pad (rows >= r and k >= kc - k0 zero). A whole-width copy overwrites rows < r
@@ -253,6 +273,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
     a_pad_rows = width < kStepK ? -1 : r;
     for (int64_t i = 0; i < r; ++i)
       std::memcpy(a_pad + i * 32, a + (i0 + i) * lda + k0, sizeof(uint16_t) * width);
+    amx_stores_before_tile_load();
     _tile_loadd(4, a_pad, 64);
   };
   for (int64_t i0 = 0; i0 < rows; i0 += kRowBlock) {
@@ -262,6 +283,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
       std::memcpy(c_pad, c, sizeof(float) * 64 * r);
       std::memset(c_pad + 64 * r, 0, sizeof(float) * 64 * (kRowBlock - r));
       c = c_pad;
+      amx_stores_before_tile_load();
     }
     _tile_loadd(0, c, kCStride);
     _tile_loadd(1, c + 16, kCStride);
@@ -311,6 +333,7 @@ inline void amx_bf16_rows(const uint16_t* a, int64_t lda, const uint32_t* wpairs
 #else
 
 inline bool amx_bf16_enabled() { return false; }
+inline bool amx_int8_enabled() { return false; }
 class AmxTileScope {
  public:
   explicit AmxTileScope(bool) {}

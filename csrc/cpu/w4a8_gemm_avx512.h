@@ -5,6 +5,7 @@
 // driver only after the runtime check (a8_avx512_supported and cpu_isa()).
 #pragma once
 
+#include "cpu/amx_bf16.h"
 #include "cpu/w4a8_gemm_kernel.h"
 
 namespace w4k::cpu {
@@ -555,6 +556,90 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void tile_awq_a8(
 
 constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulators)
 
+#ifdef W4K_HAVE_AMX_PATH
+// ---- AMX-INT8 tiles ----
+//
+// A block's panel (quad rows of 256 bytes: 64 panel columns x the 4 codes of k-rows 4q .. 4q + 3,
+// unsigned) is TDPBSUD's B operand as it lies: 16 quad rows x 16 columns per tile, four tiles
+// side by side (row stride 256 bytes), and the quantized activations (signed, the same k order)
+// its A operand straight from qa (16 rows x 64 k, row stride lda_q). Per 16 rows and block: four
+// C tiles (16 x 16 int32) from zero, each step of 64 k one A load, four B loads and four
+// TDPBSUD; then the int32 sums go through the same epilogue (epilogue_row_a8) as every other
+// path. The integer sums are exact in any order, so the bits are those of the vpdpbusd paths.
+// Blocks of 64 and 128 rows (a whole number of steps); smaller blocks keep the register tiles.
+// From this many rows per work item (below, the register tiles): measured 2026-11-28
+// (bench_cpu_gemm.py, 2 threads, group 128, bf16, medians of 7, tiles / vpdpbusd ms on
+// 11008 x 4096 and 4096 x 4096): Marlin M = 8 3.72 / 2.77 and 1.41 / 1.35, M = 16 3.71 / 4.98
+// and 1.57 / 2.29, M = 32 4.88 / 6.95, M = 64 7.60 / 11.9, M = 256 27.5 / 41.9 and 12.3 /
+// 16.2; AWQ (which loses its decode fused into the first register tile) M = 16 5.11 / 4.77 and
+// 2.29 / 2.21, M = 32 7.17 / 7.21 and 3.14 / 3.09, M = 64 9.92 / 13.3 and 4.50 / 5.48, M = 256
+// 29.3 / 46.4 and 12.7 / 15.8. W4K_A8_AMX_ROWS overrides both.
+constexpr int64_t kA8AmxMinRowsMarlin = 16, kA8AmxMinRowsAwq = 64;
+inline int64_t a8_amx_min_rows(A8Format f) {
+  const char* env = std::getenv("W4K_A8_AMX_ROWS");
+  return env ? std::atoll(env) : f == A8Format::kMarlin ? kA8AmxMinRowsMarlin : kA8AmxMinRowsAwq;
+}
+
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
+__attribute__((noinline)) void amx_a8_rows(const uint8_t* panel, int64_t block, const int8_t* qa,
+                                           int64_t lda_q, const float* sa, const int32_t* sumqa,
+                                           int64_t lds, const float* sw, const int32_t* z,
+                                           float* c, int64_t ldc, int64_t rows) {
+  constexpr int64_t kRowBlock = 16, kStepK = 64, kCStride = 64 * 4, kBStride = 256;
+  alignas(64) int32_t cbuf[kRowBlock * 64];
+  alignas(64) int8_t a_pad[kRowBlock * kStepK];  // a partial row block's A rows, zero-padded
+  amx_stores_before_tile_load();  // the panel's stores
+  for (int64_t i0 = 0; i0 < rows; i0 += kRowBlock) {
+    const int64_t r = std::min(kRowBlock, rows - i0);
+    if (r < kRowBlock) std::memset(a_pad, 0, sizeof(a_pad));
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < block; k0 += kStepK) {
+      const int8_t* a = qa + i0 * lda_q + k0;
+      if (r == kRowBlock) {
+        _tile_loadd(4, a, lda_q);
+      } else {
+        for (int64_t i = 0; i < r; ++i) std::memcpy(a_pad + i * kStepK, a + i * lda_q, kStepK);
+        amx_stores_before_tile_load();
+        _tile_loadd(4, a_pad, kStepK);
+      }
+      const uint8_t* w = panel + k0 / 4 * kBStride;  // quad rows k0 / 4 ..
+      _tile_loadd(5, w, kBStride);
+      _tile_dpbsud(0, 4, 5);
+      _tile_loadd(6, w + 64, kBStride);
+      _tile_dpbsud(1, 4, 6);
+      _tile_loadd(5, w + 128, kBStride);
+      _tile_dpbsud(2, 4, 5);
+      _tile_loadd(6, w + 192, kBStride);
+      _tile_dpbsud(3, 4, 6);
+    }
+    _tile_stored(0, cbuf, kCStride);
+    _tile_stored(1, cbuf + 16, kCStride);
+    _tile_stored(2, cbuf + 32, kCStride);
+    _tile_stored(3, cbuf + 48, kCStride);
+    for (int64_t i = 0; i < r; ++i) {
+      const int32_t* d = cbuf + i * 64;
+      epilogue_row_a8(_mm512_load_si512(d), _mm512_load_si512(d + 16), _mm512_load_si512(d + 32),
+                      _mm512_load_si512(d + 48), sa[(i0 + i) * lds], sumqa[(i0 + i) * lds], sw,
+                      z, c + (i0 + i) * ldc);
+    }
+  }
+}
+
+// AWQ: the panels of a chunk pair (chunk 1's only if panel1), decoded alone (no register tile).
+W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_pair_panels(
+    const int32_t* words, int64_t ldq, int64_t nq, uint8_t* panel0, uint8_t* panel1) {
+  static const AwqQuadIdx ix = awq_quad_idx();
+  for (int64_t q = 0; q < nq; ++q) {
+    __m512i e[4];
+    decode_awq_pair_quad(words + 4 * q * ldq, ldq, ix, panel0 + 256 * q,
+                         panel1 ? panel1 + 256 * q : nullptr, e);
+  }
+}
+#endif
+
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
 W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, int64_t ch1,
@@ -572,6 +657,10 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   alignas(64) float sw[64];
   alignas(64) int32_t z[64];
   const int64_t nq = p.block / 4, ntiles = p.block / 16;
+#ifdef W4K_HAVE_AMX_PATH
+  const bool amx = p.block % 64 == 0 && rows >= a8_amx_min_rows(p.format) && amx_int8_enabled();
+  AmxTileScope amx_tiles(amx);
+#endif
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
@@ -616,6 +705,18 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
       const int8_t* qa = p.qa + m0 * p.lda_q + k0;
       const float* sa = p.sa + m0 * p.num_blocks + b;
       const int32_t* sq = p.sumqa + m0 * p.num_blocks + b;
+#ifdef W4K_HAVE_AMX_PATH
+      if (amx) {  // the block's panel (AWQ: the pair's, by its first chunk), then the tiles
+        const int64_t pair0 = ch0 + (ch - ch0) / 2 * 2;
+        if (!awq)
+          decode_panel(p, k0, ch, panel);
+        else if (ch == pair0)
+          decode_awq_pair_panels(p.qweight + k0 * (p.size_n / 8) + 8 * ch, p.size_n / 8, nq,
+                                 panel, ch + 1 < ch1 ? panel + panel_bytes : nullptr);
+        amx_a8_rows(panel, p.block, qa, p.lda_q, sa, sq, p.num_blocks, sw, z, c, ldc, rows);
+        continue;
+      }
+#endif
       // AWQ, 2 rows: a pair of chunks per pass (awq_rows_2ch_a8); an odd last chunk alone.
       if (awq && rows == 2 && ch + 2 <= ch1) {
         alignas(64) float sw2[128];
