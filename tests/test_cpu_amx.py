@@ -20,7 +20,7 @@ give, and what is checked here:
 fp16 activations run on the same tiles with every fp16 value split exactly into two bf16 (four
 tile products per product): the reference within the bound of 4 K + 1 fp32 additions, threads,
 inputs whose lo parts matter, infinities (which take the FMA path), and a witness that it ran.
-The int8-activation mode runs its blocks on AMX-INT8 (TDPBSUD): exact integer sums, so the same
+The int8-activation mode runs its blocks on AMX-INT8 (TDPBSSD): exact integer sums, so the same
 bits as the vpdpbusd and portable paths.
 
 Everything here skips on a CPU without AMX-BF16 (the int8 tests without AMX-INT8): the path

@@ -185,7 +185,7 @@ inline bool amx_bf16_enabled() {
   return amx_bf16_available();
 }
 
-// AMX-INT8 (TDPBSUD, the int8-activation mode): the same tiles, CPUID.7.0:EDX bit 25; the same
+// AMX-INT8 (TDPBSSD, the int8-activation mode): the same tiles, CPUID.7.0:EDX bit 25; the same
 // switch.
 inline bool amx_int8_enabled() {
   static const bool int8 = [] {

@@ -559,13 +559,13 @@ constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulat
 #ifdef W4K_HAVE_AMX_PATH
 // ---- AMX-INT8 tiles ----
 //
-// A block's panel (quad rows of 256 bytes: 64 panel columns x the 4 codes of k-rows 4q .. 4q + 3,
-// unsigned) is TDPBSUD's B operand as it lies: 16 quad rows x 16 columns per tile, four tiles
-// side by side (row stride 256 bytes), and the quantized activations (signed, the same k order)
-// its A operand straight from qa (16 rows x 64 k, row stride lda_q). Per 16 rows and block: four
-// C tiles (16 x 16 int32) from zero, each step of 64 k one A load, four B loads and four
-// TDPBSUD; then the int32 sums go through the same epilogue (epilogue_row_a8) as every other
-// path. The integer sums are exact in any order, so the bits are those of the vpdpbusd paths.
+// A block's panel (quad rows of 256 bytes: 64 panel columns x the 4 codes of k-rows 4q .. 4q + 3)
+// is a TDPBSSD B operand as it lies: 16 quad rows x 16 columns per tile, four tiles side by
+// side (row stride 256 bytes), and the quantized activations (signed, the same k order) its A
+// operand straight from qa (16 rows x 64 k, row stride lda_q). Per 16 rows and block: four C
+// tiles (16 x 16 int32) from zero, each step of 64 k one A load, four B loads and four
+// TDPBSSD; then the int32 sums go through the fp32 epilogue every other path has. The integer
+// sums are exact in any order, so the bits are those of the vpdpbusd paths.
 // Blocks of 64 and 128 rows (a whole number of steps); smaller blocks keep the register tiles.
 // From this many rows per work item (below, the register tiles): measured 2026-11-28
 // (bench_cpu_gemm.py, 2 threads, group 128, bf16, medians of 7, tiles / vpdpbusd ms on
@@ -580,12 +580,25 @@ inline int64_t a8_amx_min_rows(A8Format f) {
   return env ? std::atoll(env) : f == A8Format::kMarlin ? kA8AmxMinRowsMarlin : kA8AmxMinRowsAwq;
 }
 
+// The zero points go into the weights first: the panel's codes q become q - z (signed bytes,
+// -15..15, one vpsubb per 64 bytes), so TDPBSSD sums (q - z) * qa directly, the same integer
+// as sum q * qa - z * sum qa, and the epilogue is the fp32 part alone (the vpmulld and vpsubd
+// per 16 outputs gone: the epilogue, not the tiles, is most of this kernel's time). The panel
+// is rewritten in place (the AMX path reads each panel once).
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
-__attribute__((noinline)) void amx_a8_rows(const uint8_t* panel, int64_t block, const int8_t* qa,
-                                           int64_t lda_q, const float* sa, const int32_t* sumqa,
-                                           int64_t lds, const float* sw, const int32_t* z,
-                                           float* c, int64_t ldc, int64_t rows) {
+__attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const int8_t* qa,
+                                           int64_t lda_q, const float* sa, int64_t lds,
+                                           const float* sw, const int32_t* z, float* c,
+                                           int64_t ldc, int64_t rows) {
   constexpr int64_t kRowBlock = 16, kStepK = 64, kCStride = 64 * 4, kBStride = 256;
+  __m512i zb[4];  // z of each panel column in the 4 bytes of its dword
+  for (int g = 0; g < 4; ++g)
+    zb[g] = _mm512_mullo_epi32(_mm512_loadu_si512(z + 16 * g), _mm512_set1_epi32(0x01010101));
+  for (int64_t q = 0; q < block / 4; ++q)
+    for (int g = 0; g < 4; ++g) {
+      uint8_t* d = panel + 256 * q + 64 * g;
+      _mm512_storeu_si512(d, _mm512_sub_epi8(_mm512_loadu_si512(d), zb[g]));
+    }
   alignas(64) int32_t cbuf[kRowBlock * 64];
   alignas(64) int8_t a_pad[kRowBlock * kStepK];  // a partial row block's A rows, zero-padded
   amx_stores_before_tile_load();  // the panel's stores
@@ -607,23 +620,27 @@ __attribute__((noinline)) void amx_a8_rows(const uint8_t* panel, int64_t block, 
       }
       const uint8_t* w = panel + k0 / 4 * kBStride;  // quad rows k0 / 4 ..
       _tile_loadd(5, w, kBStride);
-      _tile_dpbsud(0, 4, 5);
+      _tile_dpbssd(0, 4, 5);
       _tile_loadd(6, w + 64, kBStride);
-      _tile_dpbsud(1, 4, 6);
+      _tile_dpbssd(1, 4, 6);
       _tile_loadd(5, w + 128, kBStride);
-      _tile_dpbsud(2, 4, 5);
+      _tile_dpbssd(2, 4, 5);
       _tile_loadd(6, w + 192, kBStride);
-      _tile_dpbsud(3, 4, 6);
+      _tile_dpbssd(3, 4, 6);
     }
     _tile_stored(0, cbuf, kCStride);
     _tile_stored(1, cbuf + 16, kCStride);
     _tile_stored(2, cbuf + 32, kCStride);
     _tile_stored(3, cbuf + 48, kCStride);
+    // epilogue_row_a8's fp32 part: t = sa * sw, acc = fma(float(isum), t, acc)
     for (int64_t i = 0; i < r; ++i) {
-      const int32_t* d = cbuf + i * 64;
-      epilogue_row_a8(_mm512_load_si512(d), _mm512_load_si512(d + 16), _mm512_load_si512(d + 32),
-                      _mm512_load_si512(d + 48), sa[(i0 + i) * lds], sumqa[(i0 + i) * lds], sw,
-                      z, c + (i0 + i) * ldc);
+      const __m512 sav = _mm512_set1_ps(sa[(i0 + i) * lds]);
+      float* ci = c + (i0 + i) * ldc;
+      for (int g = 0; g < 4; ++g) {
+        const __m512 t = _mm512_mul_ps(sav, _mm512_loadu_ps(sw + 16 * g));
+        const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf + i * 64 + 16 * g));
+        _mm512_storeu_ps(ci + 16 * g, _mm512_fmadd_ps(isum, t, _mm512_loadu_ps(ci + 16 * g)));
+      }
     }
   }
 }
@@ -713,7 +730,7 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         else if (ch == pair0)
           decode_awq_pair_panels(p.qweight + k0 * (p.size_n / 8) + 8 * ch, p.size_n / 8, nq,
                                  panel, ch + 1 < ch1 ? panel + panel_bytes : nullptr);
-        amx_a8_rows(panel, p.block, qa, p.lda_q, sa, sq, p.num_blocks, sw, z, c, ldc, rows);
+        amx_a8_rows(panel, p.block, qa, p.lda_q, sa, p.num_blocks, sw, z, c, ldc, rows);
         continue;
       }
 #endif
