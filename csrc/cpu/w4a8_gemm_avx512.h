@@ -583,7 +583,8 @@ inline int64_t a8_amx_min_rows(A8Format f) {
 // The zero points go into the weights first: the panel's codes q become q - z (signed bytes,
 // -15..15, one vpsubb per 64 bytes), so TDPBSSD sums (q - z) * qa directly, the same integer
 // as sum q * qa - z * sum qa, and the epilogue is the fp32 part alone (the vpmulld and vpsubd
-// per 16 outputs gone: the epilogue, not the tiles, is most of this kernel's time). The panel
+// per 16 outputs gone: with them the epilogue took a third of this kernel's profile samples
+// at M = 64, 11008 x 4096). The panel
 // is rewritten in place (the AMX path reads each panel once).
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))
 __attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const int8_t* qa,
