@@ -232,10 +232,12 @@ def test_w4a16_amx_fp16_path_runs(monkeypatch):
 
 # (M, K, N, group size): odd K (a last pair (x, 0) and a last step of 9 k), a strip cut inside
 # a step, a partial row block, a 1-word tail (N = 136), K = 11008; from 64 rows work items of 8
-# blocks: N = 1096 is items of 8, 8 and 1 block plus a 1-word tail.
+# blocks: N = 1096 is items of 8, 8 and 1 block plus a 1-word tail; below 64 rows items of 16
+# blocks: N = 1096 is 16 and 1 plus the tail.
 AWQ_CASES = [(5, 1001, 136, 77), (9, 105, 64, 35), (16, 4096, 64, 32), (17, 1040, 320, 1040),
              (37, 1001, 136, 77), (64, 512, 192, 128), (300, 256, 128, 64),
-             (21, 11008, 192, 128), (65, 1040, 1096, 80), (64, 1001, 1096, 77)]
+             (21, 11008, 192, 128), (65, 1040, 1096, 80), (64, 1001, 1096, 77),
+             (37, 1040, 1096, 80)]
 
 
 @pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)

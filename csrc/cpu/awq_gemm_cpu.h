@@ -48,12 +48,18 @@ namespace awq_cpu {
 
 constexpr int64_t kBlockN = 64;     // columns per block (8 words, half a 64-byte line)
 constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns, 2 lines a row
-// On AMX tiles from 64 rows: 8 blocks per item, so each strip's activations (M x 256, in L2)
-// serve twice the columns (awq.cpp, awq_gemm_run). Measured 2026-11-27 (2 threads, min of 6
+// On AMX tiles from 64 rows (kAmxManyRows): 8 blocks per item, so each strip's activations
+// (M x 256, in L2) serve twice the columns (awq.cpp, awq_gemm_run). Measured 2026-11-27 (2 threads, min of 6
 // calls, the sizes alternating), ms for 4 / 8 / 16 blocks: 11008 x 4096 M = 64 7.27 / 7.13 /
 // 6.91, M = 256 19.4 / 15.3 / 15.8; 4096 x 11008 M = 64 8.58 / 7.94 / 10.7, M = 256 30.7 / 29.8
 // / 30.4; 4096 x 4096 M = 64 2.74 / 2.62 / 3.19, M = 256 5.88 / 5.35 / 5.40.
 constexpr int64_t kChunkBlocksAmx = 8;
+// Below this many rows on the tiles the decode is the cost: 16 blocks per item (1 KiB of each
+// weight row: fewer pages per item), and the L1 prefetches of prefetch_strip_row. 2026-11-28 (2
+// threads, bf16, medians of 15 calls alternating), M = 16, ms for 4 / 16 blocks: 11008 x 4096
+// 8.38 / 7.69, 4096 x 11008 8.04 / 7.18, 4096 x 4096 2.73 / 2.41; 8 blocks at M = 8 and 32 within
+// 3 % of 16.
+constexpr int64_t kChunkBlocksAmxFewRows = 16, kAmxManyRows = 64;
 // fp16 on AMX tiles (x and the weights split into bf16 hi and lo parts, four tile products per
 // product) from 32 rows; below, the fp32 FMA tile path. Measured 2026-11-28 (2 threads,
 // medians of 8 calls alternating, weights rotated), x speed-up of the tiles: M = 16 0.90 /
@@ -284,18 +290,32 @@ W4K_AWQ_AVX512 inline __m512i pair_index() {
   return _mm512_load_si512(idx);
 }
 
+// Prefetches for row r of a strip's decode (q: the block's first word of the strip's row 0):
+// the row one strip ahead into L2, and with `near` the row 16 ahead into L1. AutoAWQ rows are
+// N / 2 bytes apart (5.5 KB at N = 11008: a page each), which the hardware prefetchers do not
+// follow, and on the AMX tiles below 64 rows the decode's loads were its stalls (perf: the
+// vpmovzxbd of the words and the prefetch after it, half the decode's samples at M = 16).
+// `near` (chunk_avx512's few-row AMX case): 2026-11-28, 2 threads, bf16, medians of 11-15 calls
+// alternating in one process, 3-8 % faster at M = 8..32 (8, 16 or 32 rows ahead within 3 % of
+// each other), level at 64.
+W4K_AWQ_AVX512 inline void prefetch_strip_row(const int32_t* q, int64_t ldq, int64_t r,
+                                              int64_t strip, bool near) {
+  _mm_prefetch(reinterpret_cast<const char*>(q + (r + strip) * ldq), _MM_HINT_T1);
+  if (near) _mm_prefetch(reinterpret_cast<const char*>(q + (r + 16) * ldq), _MM_HINT_T0);
+}
+
 // Decode rows [k0, k0 + kb) of one block into `tile`:
 //   fp16: row r as 4 fp32 vectors, w rounded through fp16: tile[(r * 4 + j) * 16 + lane];
 //   bf16: row pair r/2 as 4 vectors of bf16 pairs: tile[(r/2 * 4 + j) * 16 + lane] (32 bits).
 // `rows` holds each row's BlockParams.
 template <Dtype D, bool kFull>
 W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
-                                 const BlockParams* const* rows, float* tile) {
+                                 const BlockParams* const* rows, float* tile, bool near) {
   constexpr int64_t kStrip = kTileStripRows<D>;  // the next strip's rows: prefetched into L2
   if constexpr (D == Dtype::kHalf) {
     for (int64_t r = 0; r < kb; ++r) {
       __m512 w[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T1);
+      prefetch_strip_row(q, ldq, r, kStrip, near);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w);
       for (int j = 0; j < 4; ++j)
         _mm512_store_ps(tile + (r * 4 + j) * 16,
@@ -305,8 +325,8 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
     const __m512i pidx = pair_index();
     for (int64_t r = 0; r < kb; r += 2) {
       __m512 w0[4], w1[4];
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStrip) * ldq), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStrip) * ldq), _MM_HINT_T1);
+      prefetch_strip_row(q, ldq, r, kStrip, near);
+      prefetch_strip_row(q, ldq, r + 1, kStrip, near);
       decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
       if (r + 1 < kb) {
         decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
@@ -327,13 +347,13 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
 constexpr int64_t kAmxLoOffset = kStripK / 2 * kBlockN;  // floats: after 64 pair rows
 template <bool kFull>
 W4K_AWQ_AVX512 void decode_strip_split(const int32_t* q, int64_t ldq, int64_t kb, int64_t words,
-                                       const BlockParams* const* rows, float* tile) {
+                                       const BlockParams* const* rows, float* tile, bool near) {
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t r = 0; r < kb; r += 2) {
     __m512 w0[4], w1[4];
-    _mm_prefetch(reinterpret_cast<const char*>(q + (r + kStripK) * ldq), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(q + (r + 1 + kStripK) * ldq), _MM_HINT_T1);
+    prefetch_strip_row(q, ldq, r, kStripK, near);
+    prefetch_strip_row(q, ldq, r + 1, kStripK, near);
     decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
     if (r + 1 < kb) {
       decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
@@ -447,6 +467,7 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
   const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
   const int64_t ldacc = kBlockN;  // acc of block b: scratch + b * acc_rows * 64, [m][lane]
   const bool split = D == Dtype::kHalf && amx;  // pb.xs set
+  const bool near = amx && pb.size_m < kAmxManyRows;  // decode-bound: prefetch_strip_row
   const int64_t acc_rows = chunk_acc_rows(pb);
   float* acc = scratch;
   float* tile = acc + acc_rows * chunk_blocks * kBlockN;
@@ -466,13 +487,13 @@ W4K_AWQ_AVX512 void chunk_avx512(const Problem& pb, const float* xf, int64_t n_b
       for (int64_t g = g0; g <= g1; ++g) load_params<D>(pb, g, n0, words, params[g - g0]);
       const int32_t* q = pb.qweight + k0 * ldq + n0 / 8;
       if (split && words == 8)
-        decode_strip_split<true>(q, ldq, kb, words, rows, tile);
+        decode_strip_split<true>(q, ldq, kb, words, rows, tile, near);
       else if (split)
-        decode_strip_split<false>(q, ldq, kb, words, rows, tile);
+        decode_strip_split<false>(q, ldq, kb, words, rows, tile, near);
       else if (words == 8)
-        decode_strip<D, true>(q, ldq, kb, words, rows, tile);
+        decode_strip<D, true>(q, ldq, kb, words, rows, tile, near);
       else
-        decode_strip<D, false>(q, ldq, kb, words, rows, tile);
+        decode_strip<D, false>(q, ldq, kb, words, rows, tile, near);
       float* acc_b = acc + b * acc_rows * kBlockN;
 #ifdef W4K_HAVE_AMX_PATH
       if (amx) {
