@@ -240,12 +240,12 @@ AWQ_CASES = [(5, 1001, 136, 77), (9, 105, 64, 35), (16, 4096, 64, 32), (17, 1040
              (37, 1040, 1096, 80)]
 
 
-@pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)
-def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size_n, group_size):
-    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
-    qw, s, qz = _awq(size_k, size_n, group_size, torch.bfloat16, seed=size_m + size_k)
-    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n))
-    x = x.to(torch.bfloat16)
+def _check_awq_against_reference_and_threads(dtype, size_m, size_k, size_n, group_size,
+                                             terms=None):
+    """awq_gemm on 1 and 2 threads: the same bits, and the float64 reference within the fp32
+    bound of `terms` additions (default K)."""
+    qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m + size_k)
+    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
     saved = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -256,7 +256,13 @@ def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size
         torch.set_num_threads(saved)
     assert golden.same_bits(one, two)
     w = reference.awq_dequantize(qw, s, qz).double()
-    assert_gemm_close(one, x.double() @ w, x.double(), w)
+    assert_gemm_close(one, x.double() @ w, x.double(), w, terms=terms)
+
+
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)
+def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size_n, group_size):
+    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
+    _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
 
 
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):
@@ -281,20 +287,8 @@ def test_awq_amx_fp16_against_reference_and_threads(monkeypatch, size_m, size_k,
     """fp16 on the tiles (from 32 rows; forced below that): the split rows of x and of each
     strip's weights, odd K (a last pair (w, 0) in both parts), partial 8-row blocks."""
     _env(monkeypatch, AWQ_SPLIT_ON)
-    qw, s, qz = _awq(size_k, size_n, group_size, torch.float16, seed=size_m + size_k)
-    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n))
-    x = x.to(torch.float16)
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
-        torch.set_num_threads(2)
-        two = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
-    finally:
-        torch.set_num_threads(saved)
-    assert golden.same_bits(one, two)
-    w = reference.awq_dequantize(qw, s, qz).double()
-    assert_gemm_close(one, x.double() @ w, x.double(), w, terms=4 * size_k + 1)
+    _check_awq_against_reference_and_threads(torch.float16, size_m, size_k, size_n, group_size,
+                                             terms=4 * size_k + 1)
 
 
 def test_awq_amx_fp16_infinities_and_path(monkeypatch):

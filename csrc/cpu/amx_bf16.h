@@ -295,26 +295,18 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
       // B tiles 5 and 6 in turn, so each load overlaps the product before it; the four C
       // tiles in turn, so no product waits for the one before it (with the lo parts each C
       // tile's two products are four apart).
-      const uint32_t* w = whole ? wpairs + k0 / 2 * 64 : b_tail[0];
-      _tile_loadd(5, w, kBStride);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(6, w + 16, kBStride);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_loadd(5, w + 32, kBStride);
-      _tile_dpbf16ps(2, 4, 5);
-      _tile_loadd(6, w + 48, kBStride);
-      _tile_dpbf16ps(3, 4, 6);
-      if constexpr (kWLo) {
-        const uint32_t* wl = whole ? wpairs_lo + k0 / 2 * 64 : b_tail[1];
-        _tile_loadd(5, wl, kBStride);
+      auto products = [&](const uint32_t* w) {  // the step's 64 columns of pair rows w
+        _tile_loadd(5, w, kBStride);
         _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, wl + 16, kBStride);
+        _tile_loadd(6, w + 16, kBStride);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(5, wl + 32, kBStride);
+        _tile_loadd(5, w + 32, kBStride);
         _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(6, wl + 48, kBStride);
+        _tile_loadd(6, w + 48, kBStride);
         _tile_dpbf16ps(3, 4, 6);
-      }
+      };
+      products(whole ? wpairs + k0 / 2 * 64 : b_tail[0]);
+      if constexpr (kWLo) products(whole ? wpairs_lo + k0 / 2 * 64 : b_tail[1]);
     }
     _tile_stored(0, c, kCStride);
     _tile_stored(1, c + 16, kCStride);

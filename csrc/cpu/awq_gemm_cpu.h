@@ -304,6 +304,23 @@ W4K_AWQ_AVX512 inline void prefetch_strip_row(const int32_t* q, int64_t ldq, int
   if (near) _mm_prefetch(reinterpret_cast<const char*>(q + (r + 16) * ldq), _MM_HINT_T0);
 }
 
+// Rows r and r + 1 of a strip of kb rows (r + 1 == kb: zeros, an odd K's last pair), exact
+// (q - z) * s in lane order, with their prefetches.
+template <bool kFull>
+W4K_AWQ_AVX512 inline void decode_row_pair(const int32_t* q, int64_t ldq, int64_t kb, int64_t r,
+                                           int64_t strip, int64_t words,
+                                           const BlockParams* const* rows, bool near, __m512 w0[4],
+                                           __m512 w1[4]) {
+  prefetch_strip_row(q, ldq, r, strip, near);
+  prefetch_strip_row(q, ldq, r + 1, strip, near);
+  decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
+  if (r + 1 < kb) {
+    decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
+  } else {
+    for (int j = 0; j < 4; ++j) w1[j] = _mm512_setzero_ps();
+  }
+}
+
 // Decode rows [k0, k0 + kb) of one block into `tile`:
 //   fp16: row r as 4 fp32 vectors, w rounded through fp16: tile[(r * 4 + j) * 16 + lane];
 //   bf16: row pair r/2 as 4 vectors of bf16 pairs: tile[(r/2 * 4 + j) * 16 + lane] (32 bits).
@@ -325,14 +342,7 @@ W4K_AWQ_AVX512 void decode_strip(const int32_t* q, int64_t ldq, int64_t kb, int6
     const __m512i pidx = pair_index();
     for (int64_t r = 0; r < kb; r += 2) {
       __m512 w0[4], w1[4];
-      prefetch_strip_row(q, ldq, r, kStrip, near);
-      prefetch_strip_row(q, ldq, r + 1, kStrip, near);
-      decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
-      if (r + 1 < kb) {
-        decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
-      } else {
-        for (int j = 0; j < 4; ++j) w1[j] = _mm512_setzero_ps();
-      }
+      decode_row_pair<kFull>(q, ldq, kb, r, kStrip, words, rows, near, w0, w1);
       for (int j = 0; j < 4; ++j) {
         const __m512i t = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w1[j], w0[j]));
         _mm512_store_si512(tile + (r / 2 * 4 + j) * 16, _mm512_permutexvar_epi16(pidx, t));
@@ -352,14 +362,7 @@ W4K_AWQ_AVX512 void decode_strip_split(const int32_t* q, int64_t ldq, int64_t kb
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t r = 0; r < kb; r += 2) {
     __m512 w0[4], w1[4];
-    prefetch_strip_row(q, ldq, r, kStripK, near);
-    prefetch_strip_row(q, ldq, r + 1, kStripK, near);
-    decode_row<kFull>(q + r * ldq, words, *rows[r], w0);
-    if (r + 1 < kb) {
-      decode_row<kFull>(q + (r + 1) * ldq, words, *rows[r + 1], w1);
-    } else {
-      for (int j = 0; j < 4; ++j) w1[j] = _mm512_setzero_ps();
-    }
+    decode_row_pair<kFull>(q, ldq, kb, r, kStripK, words, rows, near, w0, w1);
     for (int j = 0; j < 4; ++j) {
       __m512i hi0, lo0, hi1, lo1;
       cpu::amx_split_half(_mm512_cvtph_ps(_mm512_cvtps_ph(w0[j], kRne)), hi0, lo0);
