@@ -106,18 +106,20 @@ def test_w4a16_amx_exact_sums_give_the_contract_bits(monkeypatch, zp, m):
     assert golden.same_bits(call(b, case), expected)
 
 
-def test_w4a16_amx_path_runs(monkeypatch):
-    """On an input where the fp32 summation order shows, the AMX bits differ from the
-    vdpbf16ps path's (which every other ISA shares): the AMX path is the one that ran."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_w4a16_amx_path_runs(monkeypatch, dtype):
+    """On an input where the fp32 summation order shows, the AMX bits differ from those of the
+    path without tiles (bf16: vdpbf16ps, which every other ISA shares; fp16: fp32 FMAs, against
+    the split into bf16 parts): the AMX path is the one that ran."""
     b = backend_or_skip("cpu", OP)
-    case = make_case(16, 1040, 192, 80, torch.bfloat16, seed=3, cancel=True)
+    case = make_case(16, 1040, 192, 80, dtype, seed=3, cancel=True)
     with monkeypatch.context() as mp:
         _env(mp, AMX_ON)
         amx = call(b, case)
     with monkeypatch.context() as mp:
         _env(mp, {**AMX_ON, "W4K_CPU_AMX": "0"})
-        dot = call(b, case)
-    assert not golden.same_bits(amx, dot)
+        other = call(b, case)
+    assert not golden.same_bits(amx, other)
 
 
 # ---- fp16 on the tiles: every value split into two bf16 (amx_bf16.h, amx_split_half) ------------
@@ -212,20 +214,6 @@ def test_w4a16_amx_fp16_infinities(monkeypatch):
     ref = reference.w4a16_gemm(**op_args(big))
     assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
     assert not ref.isfinite().any()
-
-
-def test_w4a16_amx_fp16_path_runs(monkeypatch):
-    """The fp16 split path is the one that ran: its bits differ from the fp32 FMA path's on an
-    input where the summation order shows."""
-    b = backend_or_skip("cpu", OP)
-    case = make_case(16, 1040, 192, 80, torch.float16, seed=3, cancel=True)
-    with monkeypatch.context() as mp:
-        _env(mp, AMX_ON)
-        amx = call(b, case)
-    with monkeypatch.context() as mp:
-        _env(mp, {**AMX_ON, "W4K_CPU_AMX": "0"})
-        fma = call(b, case)
-    assert not golden.same_bits(amx, fma)
 
 
 # ---- awq_gemm ----------------------------------------------------------------------------------
