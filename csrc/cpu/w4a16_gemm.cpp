@@ -127,9 +127,10 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
   // fp16 on a CPU with AMX tiles: the tile path takes a split into bf16 hi and lo parts
   // (cpu/amx_bf16.h, amx_split_half) where it runs.
+  // (The scans last: they read the activations and the scales, only where the tiles can run.)
   const bool fp16_amx =
       type == cpu::HalfType::kFloat16 && isa == cpu::CpuIsa::kAvx512Bf16 &&
-      cpu::amx_bf16_enabled() &&
+      size_m > cpu::w4a16_gemm_pair_max_rows(true, true) && cpu::amx_bf16_enabled() &&
       cpu::amx_split_activations_ok(reinterpret_cast<const uint16_t*>(a.data_ptr()), size_m,
                                     size_k, a.stride(0)) &&
       cpu::amx_split_scales_ok(reinterpret_cast<const uint16_t*>(b_scales.data_ptr()),
