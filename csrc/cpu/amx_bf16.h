@@ -112,8 +112,7 @@ inline void amx_fold_split_rows(float* acc, int64_t rows) {
 // A NaN gives a NaN lo (and a NaN or an infinite hi), so the sum is a NaN as it should be. An
 // infinity cannot go through the split: at best hi = +-inf and lo = 0, and then a cross
 // product inf * 0 (the other operand's lo or hi part zero) is a NaN where the product is
-// +-inf. So
-// the split path runs only where no value is infinite: activations without an infinity
+// +-inf. So the split path runs only where no value is infinite: activations without an infinity
 // (amx_split_activations_ok) and scales of at most 4096 in magnitude (amx_split_scales_ok:
 // then |(q - z) * s| <= 15 * 4096 < 65504, no weight overflows fp16); elsewhere the calls
 // take the fp32 FMA path.
@@ -138,7 +137,8 @@ inline bool amx_split_scales_ok(const uint16_t* s, int64_t n) {
 // No lane may be infinite (the callers' checks above).
 __attribute__((target("avx512f"))) inline void amx_split_half(__m512 v, __m512i& hi,
                                                               __m512i& lo) {
-  hi = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  hi = _mm512_and_si512(_mm512_castps_si512(v), high_half);
   lo = _mm512_castps_si512(_mm512_sub_ps(v, _mm512_castsi512_ps(hi)));
 }
 
@@ -196,9 +196,8 @@ inline bool amx_int8_enabled() {
 }
 
 // Tiles 0..3: C (16 rows x 16 fp32), 4: A (16 rows x 32 bf16), 5 and 6: B (16 pair rows x 16
-// columns).
-// Configured for the scope of one work item on its thread, released at its end (a released
-// thread has no tile state for the OS to save on a context switch).
+// columns). Configured for the scope of one work item on its thread, released at its end (a
+// released thread has no tile state for the OS to save on a context switch).
 class AmxTileScope {
  public:
   explicit AmxTileScope(bool on) : on_(on) {
@@ -233,7 +232,9 @@ class AmxTileScope {
 // before a tile load of it may be moved after the load (or dropped). Every padded copy a tile
 // loads is followed by this compiler barrier (it emits no instruction), and so is the entry
 // of each tile kernel (its callers' stores of the operands). _tile_stored has the clobber.
-inline void amx_stores_before_tile_load() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+inline void amx_stores_before_tile_load() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+}
 
 // acc[i][0:64] += sum_k a[i * lda + k] * w[k][0:64] for i < rows, k < kc: a bf16 (16-bit
 // patterns), w as ceil(kc / 2) pair rows of 64 lanes (row stride 64; an odd kc's last pair row

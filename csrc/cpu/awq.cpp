@@ -259,9 +259,10 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   if (!pb.xs) xf = widen();
   const bool on_tiles = tiles_amx && (!kFp16 || pb.xs != nullptr);  // fp16: split rows made
   // Work items: (column chunk, block of rows of x).
-  const int64_t chunk_blocks = !on_tiles                              ? awq_cpu::kChunkBlocks
-                              : pb.size_m >= awq_cpu::kAmxManyRows ? awq_cpu::kChunkBlocksAmx
-                                                                   : awq_cpu::kChunkBlocksAmxFewRows;
+  const int64_t chunk_blocks = !on_tiles ? awq_cpu::kChunkBlocks
+                               : pb.size_m >= awq_cpu::kAmxManyRows
+                                   ? awq_cpu::kChunkBlocksAmx
+                                   : awq_cpu::kChunkBlocksAmxFewRows;
   const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
                                  : chunk_blocks * awq_cpu::kBlockN;
   const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;

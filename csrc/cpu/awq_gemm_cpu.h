@@ -49,8 +49,8 @@ namespace awq_cpu {
 constexpr int64_t kBlockN = 64;     // columns per block (8 words, half a 64-byte line)
 constexpr int64_t kChunkBlocks = 4; // blocks per thread work item: 256 columns, 2 lines a row
 // On AMX tiles from 64 rows (kAmxManyRows): 8 blocks per item, so each strip's activations
-// (M x 256, in L2) serve twice the columns (awq.cpp, awq_gemm_run). Measured 2026-11-27 (2 threads, min of 6
-// calls, the sizes alternating), ms for 4 / 8 / 16 blocks: 11008 x 4096 M = 64 7.27 / 7.13 /
+// (M x 256, in L2) serve twice the columns (awq.cpp, awq_gemm_run). Measured 2026-11-27 (2
+// threads, min of 6 calls, the sizes alternating), ms for 4 / 8 / 16 blocks: 11008 x 4096 M = 64 7.27 / 7.13 /
 // 6.91, M = 256 19.4 / 15.3 / 15.8; 4096 x 11008 M = 64 8.58 / 7.94 / 10.7, M = 256 30.7 / 29.8
 // / 30.4; 4096 x 4096 M = 64 2.74 / 2.62 / 3.19, M = 256 5.88 / 5.35 / 5.40.
 constexpr int64_t kChunkBlocksAmx = 8;
