@@ -106,6 +106,37 @@ def test_w4a16_amx_exact_sums_give_the_contract_bits(monkeypatch, zp, m):
     assert golden.same_bits(call(b, case), expected)
 
 
+def test_w4a16_amx_fp16_extreme_values(monkeypatch):
+    """The split at fp16's edges: subnormal activations (hi and lo both below fp16's normal
+    range, still normal in bf16), activations near 65504, scales of exactly 4096 (the largest
+    the split takes: (q - z) * 4096 <= 61440) and subnormal scales; a NaN activation gives its
+    row NaNs and leaves the others alone."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    size_k, size_n, group, m = 512, 128, 128, 12
+    case = make_case(m, size_k, size_n, group, torch.float16, seed=9)
+    gen = torch.Generator().manual_seed(9)
+    groups = size_k // group
+    s = (torch.rand(groups, size_n, generator=gen) * 0.02 + 1e-3)
+    s[0, :32] = 4096.0
+    s[1, :32] = 3e-7  # fp16 subnormals (below 6.1e-5)
+    case["b_scales"] = reference.marlin_permute_scales(s.half(), size_k, size_n, group)
+    a = torch.randn(m, size_k, generator=gen)
+    a[:, :group] *= 2.0 ** -10  # group 0 (scales of 4096 in 32 columns): outputs stay finite
+    a[0] = a[0] * 2.0 ** -20    # subnormal activations
+    a[1, 256::16] = 30000.0     # large ones, in groups of small scales
+    a[2, :64] = 5.96e-8         # the smallest fp16 subnormal
+    case["a"] = a.half()
+    case.pop("_w")
+    case["_w_ref"] = reference.w4a16_weight(case["b_q_weight"], case["b_scales"],
+                                            case["b_zeros"], None, size_k, size_n)
+    assert reference.w4a16_gemm(**op_args(case)).abs().max() < 60000  # no fp16 overflow
+    check_split_against_reference(b, case)
+    case["a"][5, 100] = float("nan")
+    out = call(b, case)
+    assert out[5].isnan().all() and not out[torch.arange(m) != 5].isnan().any()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_w4a16_amx_path_runs(monkeypatch, dtype):
     """On an input where the fp32 summation order shows, the AMX bits differ from those of the
