@@ -187,7 +187,9 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   // [amx_split_tile_rows(M), lda_bf16]), 16-float aligned
   const int64_t a32_floats = need_a32 ? (size_m * lda + 15) / 16 * 16 : 0;
   const int64_t c32_floats = blocked ? 0 : (size_m * size_n + 15) / 16 * 16;
-  const int64_t a16_rows = gather_bf16 ? size_m : split_fp16 ? cpu::amx_split_tile_rows(size_m) : 0;
+  const int64_t a16_rows = gather_bf16  ? size_m
+                           : split_fp16 ? cpu::amx_split_tile_rows(size_m)
+                                        : 0;
   const int64_t bf16_floats = (a16_rows * lda_bf16 + 1) / 2;
   const size_t need = static_cast<size_t>(a32_floats + c32_floats + bf16_floats) + 16;
   std::vector<float>& scratch = need * sizeof(float) <= kKeptScratchBytes ? kept_scratch
@@ -230,7 +232,6 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.lda = lda;
   if (a_bf16 != nullptr) {
     p.a_bf16 = a_bf16;
-    p.a_split = split_fp16;
     p.lda_bf16 = lda_bf16;
   }
   p.c = c32;

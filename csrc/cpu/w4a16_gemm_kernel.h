@@ -654,12 +654,12 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
   const int64_t nch = chunk_end - chunk_begin, num_tiles = p.size_k / 16;
   const int64_t gstride = p.num_groups * 64;
   const bool has_zp = p.zeros != nullptr, per_channel = p.num_groups == 1;
-  // fp16: a as split rows (p.a_split, amx_split_row; m0 a multiple of 8), and the grouped
+  // fp16: a as split rows (p.a_split(), amx_split_row; m0 a multiple of 8), and the grouped
   // weights split too (amx_split_half); per channel the weights q - z are integers, exact in
   // bf16 (no lo part).
-  const bool split_w = p.a_split && !per_channel;
-  const int64_t tile_rows = p.a_split ? amx_split_tile_rows(rows) : rows;
-  const int64_t a_row0 = p.a_split ? amx_split_row(m0, 0) : m0;
+  const bool split_w = p.a_split() && !per_channel;
+  const int64_t tile_rows = p.a_split() ? amx_split_tile_rows(rows) : rows;
+  const int64_t a_row0 = p.a_split() ? amx_split_row(m0, 0) : m0;
   const int64_t tbl_entries = split_w ? 2048 : 1024;  // per chunk: the hi and lo tables
   const bool any_mixed = std::any_of(tile_group, tile_group + num_tiles,
                                      [](int32_t g) { return g < 0; });
@@ -752,7 +752,7 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
   }
   for (int64_t c = 0; c < nch; ++c) {
     float* sums = acc.data() + c * tile_rows * 64;
-    if (p.a_split) amx_fold_split_rows(sums, rows);
+    if (p.a_split()) amx_fold_split_rows(sums, rows);
     write_chunk_out(p, chunk_begin + c, m0, rows, per_channel ? chan.data() + c * 64 : nullptr,
                     sums, true);
   }

@@ -21,8 +21,7 @@ struct W4a16GemmProblem {
   const float* a;              // [size_m, size_k] fp32, row stride lda; act-order already applied
   int64_t lda;
   const uint16_t* a_bf16;      // the same rows as bf16 bits (bf16 activations; fp16 on AMX:
-  int64_t lda_bf16;            //   split rows, amx_split_row, if a_split) or nullptr
-  bool a_split = false;
+  int64_t lda_bf16;            //   split rows, amx_split_row) or nullptr
   const int32_t* b_q_weight;   // [size_k / 16, 2 * size_n], Marlin layout
   const uint16_t* scales;      // [num_groups, size_n], Marlin-permuted, bits of weight_type
   const int32_t* zeros;        // [num_groups, size_n / 8] Marlin zero points, or nullptr (z = 8)
@@ -34,6 +33,8 @@ struct W4a16GemmProblem {
   int64_t num_groups;          // G, rows of scales (and zeros)
   int64_t group_size;          // rows per group when g_idx == nullptr (K / G; K for G == 1)
   HalfType weight_type;        // the half type w is rounded to (= a's dtype)
+  // fp16 activations given as bf16: the AMX path's split rows (the binding makes them only there)
+  bool a_split() const { return weight_type == HalfType::kFloat16 && a_bf16 != nullptr; }
 };
 
 // ---- layout tables ---------------------------------------------------------------------------
