@@ -87,7 +87,24 @@ constexpr int kThreads = 256;          // 8 warps: 2 column halves x 4 k-warps
 constexpr int kTileN = 128;            // output columns per block: two Marlin chunks
 constexpr int kStageK = 128;           // K rows per pipeline stage: 8 k-tiles of 16
 constexpr int kStageKTiles = kStageK / 16;
-constexpr int kStages = 4;             // stages in flight (cp.async groups)
+// Pipeline depth (cp.async groups in flight + the one being computed) of the 16-row tile and of
+// the taller ones. W4K_W4A16_STAGES_16ROW overrides the first at build time, for measuring
+// (benchmarks/gpu/bench_w4a16_kernel.cu).
+#ifndef W4K_W4A16_STAGES_16ROW
+#define W4K_W4A16_STAGES_16ROW 4
+#endif
+constexpr int kStages16Row = W4K_W4A16_STAGES_16ROW;
+constexpr int kStagesTall = 4;
+static_assert(kStages16Row >= 3 && kStages16Row <= 8, "a 16-row pipeline of 3..8 stages");
+// W4K_W4A16_B_LAG: see gemm_tile's copies (off: 0).
+#ifndef W4K_W4A16_B_LAG
+#define W4K_W4A16_B_LAG 0
+#endif
+// Blocks per SM the 16-row kernels (but the row-group one, 152 registers) are compiled for: 2
+// caps them at 128 registers. W4K_W4A16_MIN_BLOCKS_16ROW overrides it, for measuring.
+#ifndef W4K_W4A16_MIN_BLOCKS_16ROW
+#define W4K_W4A16_MIN_BLOCKS_16ROW 2
+#endif
 constexpr int kKWarps = 4;             // warps along K; each takes 2 k-tiles of a stage
 constexpr int kBKTileBytes = 1024;     // one k-tile of the block: 2 chunks x 128 words
 constexpr int kARowBytes = kStageK * 2;
@@ -107,6 +124,7 @@ struct StageLayout {
   static constexpr int kZOffset = kSOffset + kKWarps * kTileN * 2;
   static constexpr int kGOffset = kZOffset + kKWarps * (kTileN / 8) * 4;
   static constexpr int kBytes = kGOffset + kStageK * 4;
+  static constexpr int kStages = kMBlocks == 1 ? kStages16Row : kStagesTall;
   static constexpr int kSmemBytes = kStages * kBytes;
   // Final reduction: 4 slots (2 column halves x 2 writers) of one warp's accumulators.
   static constexpr int kFragFloats = kMBlocks * 8 * 4;
@@ -689,14 +707,24 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
       for (int i = 0; i < 4; ++i) acc[mb][e][i] = 0.f;
 
   // Issues the copies of the next stage into shared offset `st` (one commit group per call, an
-  // empty one past the split's end, so "kStages - 2 groups pending" means "stage i landed").
+  // empty one past the split's end, so "L::kStages - 2 groups pending" means "stage i landed").
   // Rows past K, M or N are zero-filled, so a partial last stage needs no special compute.
   // Up to 48 rows the A source pointer lags the fetched stage by `ahead` stages (a constant in
   // the unrolled loops below, so that the copies' sources are a pointer plus an immediate) and
-  // moves on once per pass over the slots (advance_a): 1-2 instructions per stage fewer. At 64
+  // moves on once per pass over the slots (advance): 1-2 instructions per stage fewer. At 64
   // rows (255 registers) it moves on every stage, which ptxas schedules better there.
+  // W4K_W4A16_B_LAG=1 (up to 48 rows): the B source lags the same way, by a run-time stride,
+  // so that a copy's address register is not overwritten just after the copy. An LDGSTS reads
+  // its address registers late, and the add that moves the pointer on after each stage's copies
+  // waits for it: Nsight Compute put 7% of the 16-row kernel's stall samples on that one add
+  // (H200, 2026-11-28). The lag costs 1-2 % more instructions (614 -> 623 per 4 stages at 16
+  // rows, group 128); not yet timed on a GPU, so off by default.
   constexpr int kALag = kMBlocks < 4 ? 1 : 0;
-  auto advance_a = [&](int stages) { a_gl_rd += kALag * stages * kStageK; };
+  constexpr bool kBLag = W4K_W4A16_B_LAG && kMBlocks < 4;
+  auto advance = [&](int stages) {
+    a_gl_rd += kALag * stages * kStageK;
+    if constexpr (kBLag) b_gl_rd += static_cast<int64_t>(stages) * b_gl_rd_delta_stage;
+  };
   int stages_left = num_stages;
   auto fetch = [&](int st, int ahead) {
     if (stages_left > 0) {
@@ -712,8 +740,10 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
                                  a_row_block(a_gl_rd + kALag * ahead * kStageK, i),
                                  a_col_threshold[i] < k_left);
       }
-      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st, b_gl_rd, b_kt_row < k_left, evict_first);
-      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st + 512, b_gl_rd + 128, b_kt_row_chunk1 < k_left,
+      const uint32_t* b_src =
+          kBLag ? b_gl_rd + static_cast<int64_t>(ahead) * b_gl_rd_delta_stage : b_gl_rd;
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st, b_src, b_kt_row < k_left, evict_first);
+      ptx::cp_async16_cg_zfill_hint(b_sh_wr + st + 512, b_src + 128, b_kt_row_chunk1 < k_left,
                                     evict_first);
       if constexpr (kMode == ScaleMode::kRow) {
         if (g_copier) {
@@ -723,14 +753,14 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
         g_row += kStageK;
       }
       if (!kALag) a_gl_rd += kStageK;
-      b_gl_rd += b_gl_rd_delta_stage;
+      if (!kBLag) b_gl_rd += b_gl_rd_delta_stage;
       k_left -= kStageK;
       --stages_left;
     }
     ptx::cp_async_commit_group();
   };
 
-  // Stage i sits in slot i % kStages; the loop is unrolled over the slots so that every shared
+  // Stage i sits in slot i % L::kStages; the loop is unrolled over the slots so that every shared
   // offset is a constant.
   auto compute = [&](const char* st) {
     if constexpr (kGrouped) {
@@ -784,19 +814,19 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
     }
   };
 #pragma unroll
-  for (int u = 0; u < kStages - 1; ++u) fetch(u * L::kBytes, u);
-  advance_a(kStages - 1);
-  for (int i0 = 0; i0 < num_stages; i0 += kStages) {
+  for (int u = 0; u < L::kStages - 1; ++u) fetch(u * L::kBytes, u);
+  advance(L::kStages - 1);
+  for (int i0 = 0; i0 < num_stages; i0 += L::kStages) {
 #pragma unroll
-    for (int u = 0; u < kStages; ++u) {
+    for (int u = 0; u < L::kStages; ++u) {
       if (i0 + u >= num_stages) break;
-      ptx::cp_async_wait_group<kStages - 2>();
+      ptx::cp_async_wait_group<L::kStages - 2>();
       // Stage i0 + u is visible to all, and everyone is done with the slot the fetch reuses.
       block_sync();
-      fetch(((u + kStages - 1) % kStages) * L::kBytes, u);
+      fetch(((u + L::kStages - 1) % L::kStages) * L::kBytes, u);
       compute(smem + u * L::kBytes);
     }
-    advance_a(kStages);
+    advance(L::kStages);
   }
   ptx::cp_async_wait_all();
   block_sync();  // the pipeline memory becomes the reduction buffer
@@ -842,8 +872,13 @@ __device__ __forceinline__ bool rows_in_group_order(const GemmParams& p) {
 // group path when the rows turn out to be in group order (decided per launch on the GPU, where
 // the host cannot read g_idx without a sync): the act-order layers of GPTQ checkpoints then
 // cost what group-ordered ones do.
+template <int kMBlocks, ScaleMode kMode>
+constexpr int kMinBlocksPerSm =
+    kMBlocks == 1 && kMode != ScaleMode::kRow ? W4K_W4A16_MIN_BLOCKS_16ROW : 1;
+
 template <typename T, int kMBlocks, ScaleMode kMode>
-__global__ void __launch_bounds__(kThreads, 1) w4a16_gemm_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<kMBlocks, kMode>))
+    w4a16_gemm_kernel(const GemmParams p) {
   if constexpr (kMode == ScaleMode::kRow) {
     if (p.row_group_flags != nullptr && rows_in_group_order(p)) {
       if (p.b_zeros != nullptr)
