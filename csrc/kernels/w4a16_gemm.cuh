@@ -718,7 +718,8 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   // its address registers late, and the add that moves the pointer on after each stage's copies
   // waits for it: Nsight Compute put 7% of the 16-row kernel's stall samples on that one add
   // (H200, 2026-11-28). The lag costs 1-2 % more instructions (614 -> 623 per 4 stages at 16
-  // rows, group 128); not yet timed on a GPU, so off by default.
+  // rows, group 128), and ptxas then gives the freed address register to a shared load 3-6
+  // instructions on, which may wait the same way: not yet timed on a GPU, so off by default.
   constexpr int kALag = kMBlocks < 4 ? 1 : 0;
   constexpr bool kBLag = W4K_W4A16_B_LAG && kMBlocks < 4;
   auto advance = [&](int stages) {
