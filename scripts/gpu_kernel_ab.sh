@@ -7,6 +7,10 @@
 #
 #   bash scripts/gpu_kernel_ab.sh /tmp/ab base= s8=-DW4K_W4A16_STAGES_16ROW=8
 #
+# A variant's flags come before -I csrc, so "-I DIR" puts DIR's headers first: an older kernel,
+# e.g. git show COMMIT:csrc/kernels/w4a16_gemm.cuh > ab_old/kernels/w4a16_gemm.cuh, then
+# old="-I ab_old" (a folder the device machine receives: not ignored by git, or carried).
+#
 # Environment: AB_M (default "1 16": the values of M), NVCC (default nvcc on PATH or CUDA_HOME).
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
@@ -29,7 +33,7 @@ for spec in "$@"; do
     flags=${spec#*=}
     names+=("$name")
     # shellcheck disable=SC2086  # the flags are words
-    "$NVCC" -O3 -std=c++17 -arch="sm_$ARCH" -I csrc -Xptxas -v $flags \
+    "$NVCC" -O3 -std=c++17 -arch="sm_$ARCH" $flags -I csrc -Xptxas -v \
         -o "$OUT/$name.bin" benchmarks/gpu/bench_w4a16_kernel.cu > "$OUT/$name.build.log" 2>&1 &
 done
 failed=0

@@ -656,25 +656,38 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   // Rows of K left from the stage being fetched on: the copies' bounds (a partial last stage
   // is zero-filled) are one compare of a thread constant against it.
   int k_left = p.size_k - stage_begin * kStageK;
-  // Scales / zero points (kGroup*): threads 0..63 copy 16 bytes (8 columns) of slot t / 16's
-  // scale row, threads 64..79 16 bytes (32 columns) of slot (t - 64) / 4's zero-point row. Slot
-  // s of stage i covers rows 128 i + 32 s .. + 31, all in group (128 i + 32 s) / group_size.
-  // group_size is 32, 64 or 128, so the group advances by 128 / group_size rows every stage: the
-  // source pointer moves by a constant, nothing is divided in the loop.
+  // Scales / zero points (kGroup*): a stage holds groups_per_stage = 128 / group_size (1, 2
+  // or 4) group rows, slot u the group of its rows u * group_size .., each copied once: threads
+  // 0 .. 16 * groups_per_stage - 1 copy 16 bytes (8 columns) of slot t / 16's scale row, threads
+  // 64 .. 64 + 4 * groups_per_stage - 1 16 bytes (32 columns) of slot (t - 64) / 4's zero-point
+  // row; the other threads up to 63 (79) zero-fill a slot nobody reads. (Until 2026-11-28 every
+  // 32-row quarter had its own slot, so group 128 copied its row four times: Nsight Compute
+  // counted those copies for most of the kernel's excess global sectors (19 % of all) and shared
+  // wavefronts (45 %).) group_size is 32, 64 or 128, so the group advances by groups_per_stage
+  // rows every stage: the source pointer moves by a constant, nothing is divided in the loop.
+  const int groups_per_stage = kGrouped ? kStageK / p.group_size : 0;
   const bool s_copier = t < 64, z_copier = kMode == ScaleMode::kGroupZp && t >= 64 && t < 80;
   const int s_slot = s_copier ? t / 16 : (t - 64) / 4;
   const int s_col = s_copier ? 8 * (t % 16) : 32 * ((t - 64) % 4);  // first column copied
   const bool s_col_valid = 2 * n_blk + s_col / 64 < num_chunks;
   const int s_sh_wr = s_copier ? L::kSOffset + s_slot * kTileN * 2 + 2 * s_col
                                : L::kZOffset + s_slot * (kTileN / 8) * 4 + s_col / 2;
-  // Copies past K, or of a second chunk past N, or by threads that copy nothing: their row
-  // threshold is never below k_left (one compare per copy and stage).
-  const int s_row_threshold = (s_copier || z_copier) && s_col_valid ? 32 * s_slot : kNever;
+  // Copies past K, of a second chunk past N, of a slot past the stage's groups, or by threads
+  // that copy nothing: their row threshold is never below k_left (one compare per copy and
+  // stage; a copy that fails it reads nothing and zero-fills).
+  const int s_row_threshold = (s_copier || z_copier) && s_col_valid && s_slot < groups_per_stage
+                                  ? s_slot * p.group_size
+                                  : kNever;
   const int s_gl_rd_delta = z_copier ? p.size_n / 8 : p.size_n / 2;  // words per group row
-  const int s_gl_rd_delta_stage = kGrouped ? (kStageK / p.group_size) * s_gl_rd_delta : 0;
+  const int64_t s_gl_rd_delta_stage = int64_t{groups_per_stage} * s_gl_rd_delta;
   const uint32_t* s_gl_rd = nullptr;  // this thread's scale or zero-point source
+  // Where the lane's scales (8 columns, 16 bytes) and zero-point word lie in a stage: in the
+  // slot of the warp's k-tiles (rows 32 warp_k .. + 31 of the stage).
+  const int s_rd_slot = kGrouped ? 32 * warp_k / p.group_size : 0;
+  const int s_sh_rd = L::kSOffset + s_rd_slot * kTileN * 2 + warp_n * 128 + 16 * (lane / 4);
+  const int z_sh_rd = L::kZOffset + s_rd_slot * (kTileN / 8) * 4 + 4 * (8 * warp_n + lane / 4);
   if constexpr (kGrouped) {
-    const int64_t group = (stage_begin * kStageK + 32 * s_slot) / p.group_size;  // once
+    const int64_t group = static_cast<int64_t>(stage_begin) * groups_per_stage + s_slot;  // once
     s_gl_rd = z_copier ? p.b_zeros + group * s_gl_rd_delta + n_blk * 16 + s_col / 8
                        : reinterpret_cast<const uint32_t*>(p.b_scales) + group * s_gl_rd_delta +
                              (n_blk * kTileN + s_col) / 2;
@@ -766,8 +779,7 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
   auto compute = [&](const char* st) {
     if constexpr (kGrouped) {
       // The lane's 8 scales of its slot: 16 contiguous bytes (see the b_scales layout).
-      const int4 s4 = *reinterpret_cast<const int4*>(st + L::kSOffset + warp_k * kTileN * 2 +
-                                                     warp_n * 128 + 16 * col_lane);
+      const int4 s4 = *reinterpret_cast<const int4*>(st + s_sh_rd);
       const uint32_t sw[4] = {uint32_t(s4.x), uint32_t(s4.y), uint32_t(s4.z), uint32_t(s4.w)};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -775,8 +787,7 @@ __device__ __forceinline__ void gemm_tile(const GemmParams& p, const Segment& se
         scale[2 * j + 1][0] = scale[2 * j + 1][1] = broadcast_hi<T>(sw[j]);
       }
       if constexpr (kMode == ScaleMode::kGroupZp) {
-        const uint32_t zw = *reinterpret_cast<const uint32_t*>(
-            st + L::kZOffset + warp_k * (kTileN / 8) * 4 + 4 * (8 * warp_n + col_lane));
+        const uint32_t zw = *reinterpret_cast<const uint32_t*>(st + z_sh_rd);
         make_zero_consts<T>(zw, zl, zh);
       }
     }
