@@ -21,6 +21,8 @@
 #              w4a16_gemm's split-K partitions: none, the uniform split of before 2026-11-27, 1,
 #              2 and 4 balanced blocks per SM, against the planner's choice), bench_cuda_repack
 #              -> bench_*.log (their tables are copied into the summary)
+#   kernel_ab  scripts/gpu_kernel_ab.sh: build-time variants of w4a16_gemm's kernel (the open
+#              leads) against the default, the kernel alone -> kernel_ab.log, kernel_ab/
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
 #   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
@@ -119,6 +121,7 @@ key_figure() {
         tests) report junit "$OUTDIR/tests-cuda.xml" ;;
         memcheck | racecheck | synccheck | initcheck) report sanitizer "$OUTDIR/$2" ;;
         bench_*) echo "$(grep -c MISMATCH "$OUTDIR/$2") mismatches; tables below" ;;
+        kernel_ab) echo "$(grep -c '^== ' "$OUTDIR/$2") variant runs; table below" ;;
         profile) report ncu "$OUTDIR/$2" ;;
     esac
 }
@@ -201,6 +204,19 @@ run_step bench_gpu_gemm_graph 150 bench_gpu_gemm_graph.log "$PYTHON" benchmarks/
     ${quick_flag[@]+"${quick_flag[@]}"}
 run_step bench_cuda_repack 120 bench_cuda_repack.log "$PYTHON" benchmarks/bench_cuda_repack.py \
     ${quick_flag[@]+"${quick_flag[@]}"}
+# The kernel's open leads, each a build-time variant of the kernel alone (no torch) timed against
+# the default in one run (scripts/gpu_kernel_ab.sh; README "Measured on an H200 (2026-11-28)"):
+# the B-source lag, and the header of 26cfa72 (scales copied once per 32-row quarter) where git
+# can show it. GPU_CHECK_AB="NAME=FLAGS ..." replaces the list (flags without spaces).
+ab_variants=(base= blag=-DW4K_W4A16_B_LAG=1)
+if [[ $DRY_RUN != 1 ]] && git cat-file -e 26cfa72:csrc/kernels/w4a16_gemm.cuh 2>/dev/null; then
+    mkdir -p "$OUTDIR/ab_26cfa72/kernels"
+    git show 26cfa72:csrc/kernels/w4a16_gemm.cuh > "$OUTDIR/ab_26cfa72/kernels/w4a16_gemm.cuh" &&
+        ab_variants+=("scales_x4=-I$OUTDIR/ab_26cfa72")
+fi
+[[ -n ${GPU_CHECK_AB:-} ]] && read -r -a ab_variants <<< "$GPU_CHECK_AB"
+run_step kernel_ab 150 kernel_ab.log env AB_M="1 16" bash scripts/gpu_kernel_ab.sh \
+    "$OUTDIR/kernel_ab" "${ab_variants[@]}"
 
 # ---- 4. compute-sanitizer on the same cases ------------------------------------------------
 # No caching allocator: every tensor is its own cudaMalloc, so memcheck sees its true bounds

@@ -22,7 +22,8 @@ import xml.etree.ElementTree as ET
 
 BENCH_LOGS = [("bench_gpu_gemm", "bench_gpu_gemm.log"),
               ("bench_gpu_gemm_graph", "bench_gpu_gemm_graph.log"),
-              ("bench_cuda_repack", "bench_cuda_repack.log")]
+              ("bench_cuda_repack", "bench_cuda_repack.log"),
+              ("kernel_ab", "kernel_ab.log")]
 
 
 def _demangle(names):

@@ -60,7 +60,7 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
     rows = [line.split(" | ")[0].lstrip("| ") for line in
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
-                    "bench_gpu_gemm_graph", "bench_cuda_repack",
+                    "bench_gpu_gemm_graph", "bench_cuda_repack", "kernel_ab",
                     "memcheck", "racecheck", "synccheck", "initcheck", "profile"]
 
 
