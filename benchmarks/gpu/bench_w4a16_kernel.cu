@@ -96,7 +96,29 @@ struct Copy {  // one copy of a layer's weights: [b_q_weight | scales], one allo
   const uint32_t* q() const { return reinterpret_cast<const uint32_t*>(base); }
 };
 
-// Median time per call of kCalls calls of `launch(i)` captured in one graph.
+// Median over `samples` runs of `work` (after `warmup` untimed ones), timed with events, in ms.
+template <typename F>
+double median_event_ms(cudaStream_t stream, int warmup, int samples, F&& work) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int s = 0; s < warmup + samples; ++s) {
+    CHECK(cudaEventRecord(e0, stream));
+    work();
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0.f;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (s >= warmup) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  return ms[ms.size() / 2];
+}
+
+// Median time per call of kCalls calls of `launch(i)` captured in one graph, in us.
 template <typename F>
 double graph_us(cudaStream_t stream, F&& launch) {
   cudaGraph_t graph;
@@ -105,25 +127,11 @@ double graph_us(cudaStream_t stream, F&& launch) {
   for (int i = 0; i < kCalls; ++i) launch(i);
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int s = 0; s < 3 + kSamples; ++s) {
-    CHECK(cudaEventRecord(e0, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0.f;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (s >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
+  const double ms =
+      median_event_ms(stream, 3, kSamples, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms[ms.size() / 2] / kCalls;
+  return 1e3 * ms / kCalls;
 }
 
 double copy_bandwidth_gbs(cudaStream_t stream) {  // 1 GiB device-to-device, read + write bytes
@@ -131,25 +139,12 @@ double copy_bandwidth_gbs(cudaStream_t stream) {  // 1 GiB device-to-device, rea
   void *src, *dst;
   CHECK(cudaMalloc(&src, bytes));
   CHECK(cudaMalloc(&dst, bytes));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int s = 0; s < 8; ++s) {
-    CHECK(cudaEventRecord(e0, stream));
+  const double ms = median_event_ms(stream, 2, 6, [&] {
     CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0.f;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (s >= 2) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  });
   CHECK(cudaFree(src));
   CHECK(cudaFree(dst));
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  return 2.0 * bytes / (1e-3 * ms[ms.size() / 2]) / 1e9;
+  return 2.0 * bytes / (1e-3 * ms) / 1e9;
 }
 
 uint64_t fnv1a(const std::vector<uint16_t>& v) {
