@@ -26,6 +26,9 @@
 #   memcheck, racecheck, synccheck, initcheck
 #              compute-sanitizer --tool <tool> on scripts/gpu_sanitize_cases.py -> <tool>.log
 #   profile    Nsight Compute on w4a16_gemm at M = 1 and 128 -> profile.log
+#   profile_source
+#              Nsight Compute's warp-stall samples per SASS instruction of the 16-row kernel
+#              (8192 x 28672, M = 1) -> profile_source.csv (+ .top.txt: top opcodes, instructions)
 #
 # Environment: GPU_CHECK_QUICK=1 (smaller benchmarks), GPU_CHECK_BUDGET_S (default 540: later
 # steps get shorter timeouts, or are skipped, so the run fits one 10-minute device call),
@@ -123,6 +126,7 @@ key_figure() {
         bench_*) echo "$(grep -c MISMATCH "$OUTDIR/$2") mismatches; tables below" ;;
         kernel_ab) echo "$(grep -c '^== ' "$OUTDIR/$2") variant runs; table below" ;;
         profile) report ncu "$OUTDIR/$2" ;;
+        profile_source) report stalls "$OUTDIR/profile_source.csv" ;;
     esac
 }
 
@@ -249,6 +253,23 @@ else
             --section Occupancy --section LaunchStats -k regex:w4a16_gemm_kernel -c 1 \
             "$1" benchmarks/bench_gpu_gemm.py --quick --dtype fp16 --m "$m" || exit; done' \
         "${NCU:-ncu}" "$PYTHON"
+fi
+
+# ---- 6. Nsight Compute's warp-stall sampling per SASS instruction: w4a16_gemm's kernel alone
+# (benchmarks/gpu/bench_w4a16_kernel.cu, -lineinfo) on 8192 x 28672 at M = 1. The key figure: the
+# opcodes with the most samples and their main reason (gpu_check_report.py stalls); the source
+# page in profile_source.csv, its top ten opcodes and instructions in profile_source.csv.top.txt.
+if [[ -z $NCU && $DRY_RUN != 1 ]]; then
+    skip_step profile_source "ncu not found"
+else
+    run_step profile_source 150 profile_source.log bash -c '
+        "$0" -O3 -std=c++17 -arch="sm_$1" -lineinfo -I csrc -o "$3/profile_source.bin" \
+            benchmarks/gpu/bench_w4a16_kernel.cu || exit
+        W4K_BENCH_SHAPE=8192x28672 "$2" --clock-control none -k regex:w4a16_gemm_kernel -c 1 \
+            --section SourceCounters --section WarpStateStats -f -o "$3/profile_source" \
+            "$3/profile_source.bin" 1 || exit
+        "$2" --import "$3/profile_source.ncu-rep" --page source --print-source sass --csv \
+            > "$3/profile_source.csv"' "$NVCC" "${ARCH/./}" "${NCU:-ncu}" "$OUTDIR"
 fi
 
 echo "gpu_check: done in $((SECONDS - START))s; summary: $OUTDIR/summary.md"

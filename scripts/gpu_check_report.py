@@ -7,6 +7,8 @@ summary. Standard library only (runs before, and independently of, the w4kernels
                                                                  #   or racecheck's RACECHECK SUMMARY)
     python scripts/gpu_check_report.py ncu LOG                   # per profiled kernel: time,
                                                                  #   DRAM %, issue %, eligible warps
+    python scripts/gpu_check_report.py stalls SOURCE_CSV         # opcodes with the most warp-stall
+                                                                 #   samples (ncu source page)
     python scripts/gpu_check_report.py summary OUTDIR            # OUTDIR/summary.md
 
 OUTDIR/steps.tsv (written by gpu_check.sh) holds one line per step:
@@ -180,8 +182,75 @@ def cmd_summary(outdir):
         f.write("\n".join(lines) + "\n")
 
 
+def stall_samples(csv_path):
+    """The rows of an Nsight Compute source-page export (`ncu --import R --page source
+    --print-source sass --csv`): [(instruction, samples, {reason: samples})], or [] without
+    warp-stall samples."""
+    import csv
+    with open(csv_path, newline="", errors="replace") as f:
+        rows = list(csv.reader(f))
+    header_at = next((i for i, r in enumerate(rows) if "Source" in r and any(
+        c.startswith("Warp Stall Sampling (All") for c in r)), None)
+    if header_at is None:
+        return []
+    header = rows[header_at]
+    source = header.index("Source")
+    samples = next(i for i, c in enumerate(header) if c.startswith("Warp Stall Sampling (All"))
+    reasons = [(i, c[len("stall_"):]) for i, c in enumerate(header)
+               if c.startswith("stall_") and "Not Issued" not in c]
+
+    def num(row, i):
+        try:
+            return float(row[i]) if i < len(row) and row[i] else 0.0
+        except ValueError:
+            return 0.0
+    return [(" ".join(r[source].split()), num(r, samples),
+             {name: num(r, i) for i, name in reasons if num(r, i) > 0})
+            for r in rows[header_at + 1:] if len(r) > samples]
+
+
+def _opcode(instr):  # "@!P0 BRA 0x..." -> "BRA", "IMAD.WIDE R78, ..." -> "IMAD.WIDE"
+    words = instr.split(" ")
+    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+
+def cmd_stalls(csv_path):
+    """The key figure of the profile_source step: the three opcodes with the most warp-stall
+    samples (share of all samples, main reason); CSV.top.txt gets the top ten opcodes and the
+    top ten instructions, each with its three main reasons."""
+    if not os.path.exists(csv_path):
+        print(f"no {os.path.basename(csv_path)}")
+        return
+    rows = stall_samples(csv_path)
+    total = sum(n for _, n, _ in rows)
+    if total == 0:
+        print("no warp-stall samples in the export")
+        return
+    by_op = {}
+    for instr, n, why in rows:
+        op_n, op_why = by_op.get(_opcode(instr), (0.0, {}))
+        for reason, v in why.items():
+            op_why[reason] = op_why.get(reason, 0.0) + v
+        by_op[_opcode(instr)] = (op_n + n, op_why)
+
+    def line(name, n, why):
+        top = sorted(why.items(), key=lambda kv: -kv[1])[:3]
+        return (f"{100 * n / total:5.1f} %  {name}  "
+                + ", ".join(f"{reason} {int(v)}" for reason, v in top))
+    ops = sorted(by_op.items(), key=lambda kv: -kv[1][0])
+    with open(csv_path + ".top.txt", "w") as f:
+        f.write(f"{int(total)} warp-stall samples\nby opcode:\n")
+        f.writelines(line(op, n, why) + "\n" for op, (n, why) in ops[:10])
+        f.write("by instruction:\n")
+        f.writelines(line(instr, n, why) + "\n"
+                     for instr, n, why in sorted(rows, key=lambda r: -r[1])[:10])
+    print("; ".join(f"{op} {100 * n / total:.1f} % ({max(why, key=why.get) if why else '?'})"
+                    for op, (n, why) in ops[:3]))
+
+
 def main(argv):
     commands = {"ptxas": (cmd_ptxas, 2), "junit": (cmd_junit, 1), "ncu": (cmd_ncu, 1),
+                "stalls": (cmd_stalls, 1),
                 "sanitizer": (cmd_sanitizer, 1), "summary": (cmd_summary, 1)}
     if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
         print(__doc__, file=sys.stderr)

@@ -61,7 +61,8 @@ def test_gpu_check_dry_run_records_every_step(tmp_path):
             (out / "summary.md").read_text().splitlines() if line.startswith("| ")]
     assert rows == ["step", "build", "import", "smoke", "tests", "bench_gpu_gemm",
                     "bench_gpu_gemm_graph", "bench_cuda_repack", "kernel_ab",
-                    "memcheck", "racecheck", "synccheck", "initcheck", "profile"]
+                    "memcheck", "racecheck", "synccheck", "initcheck", "profile",
+                    "profile_source"]
 
 
 # ---- benchmarks/bench_gpu_gemm.py -----------------------------------------------------------
@@ -185,3 +186,26 @@ def test_report_key_figures(tmp_path, capsys):
     san.write_text("========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n")
     gpu_check_report.cmd_sanitizer(str(san))
     assert capsys.readouterr().out.strip() == "1 errors, 2 warnings (3 hazards displayed)"
+
+
+def test_report_ranks_stall_samples_by_opcode(tmp_path, capsys):
+    """`stalls` on an Nsight Compute source-page export (the column layout ncu 2025.3 wrote on an
+    H200: a kernel-name line, then the header; per-reason columns and their "(Not Issued)"
+    twins): samples summed per opcode, predicates stripped, largest first."""
+    csv_path = tmp_path / "profile_source.csv"
+    csv_path.write_text(
+        '"Kernel Name","void k(GemmParams)",\n'
+        '"Address","Source","Warp Stall Sampling (All Samples)",'
+        '"Warp Stall Sampling (Not-issued Samples)","stall_barrier","stall_long_sb",'
+        '"stall_math","stall_barrier (Not Issued)"\n'
+        '"0x10","@!P0  BRA 0x80","30","29","28","0","2","28"\n'
+        '"0x20","IMAD.WIDE R78, R27, 0x4, R78","25","25","0","24","1","0"\n'
+        '"0x30","BRA 0x10","20","19","19","0","1","19"\n'
+        '"0x40","HMMA.16816.F32 R36, R28, R32, R36","25","10","0","0","25","0"\n')
+    gpu_check_report.cmd_stalls(str(csv_path))
+    assert capsys.readouterr().out.strip() == (
+        "BRA 50.0 % (barrier); IMAD.WIDE 25.0 % (long_sb); HMMA.16816.F32 25.0 % (math)")
+    top = (tmp_path / "profile_source.csv.top.txt").read_text().splitlines()
+    assert top[0] == "100 warp-stall samples"
+    assert top[2] == " 50.0 %  BRA  barrier 47, math 3"
+    assert "30.0 %  @!P0 BRA 0x80  barrier 28, math 2" in top[-4]
