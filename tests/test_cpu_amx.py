@@ -58,19 +58,24 @@ W4A16_CONFIGS = {"g128": (128, None, False, False), "g32_zp": (32, None, True, F
                  "shard_zp": (64, "shard", True, True)}
 
 
+def _w4a16_config_case(config, size_k, m, dtype):
+    """make_case for a W4A16_CONFIGS entry on N = 192; at K = 1040 the groups are whole k-tiles
+    that divide K (80 for 128, 16 for 32 and 64)."""
+    group, act, zp, bias = W4A16_CONFIGS[config]
+    if size_k == 1040 and group == 128:
+        group = 80
+    if size_k == 1040 and group in (32, 64):
+        group = 16
+    return make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k)
+
+
 @pytest.mark.parametrize("m", [5, 8, 9, 16, 17, 33, 64, 65, 200, 300])
 @pytest.mark.parametrize("size_k", [1040, 2048])
 @pytest.mark.parametrize("config", list(W4A16_CONFIGS))
 def test_w4a16_amx_against_reference(monkeypatch, config, size_k, m):
     b = backend_or_skip("cpu", OP)
     _env(monkeypatch, AMX_ON)
-    group, act, zp, bias = W4A16_CONFIGS[config]
-    if size_k == 1040 and group == 128:
-        group = 80  # groups of whole k-tiles that divide K
-    if size_k == 1040 and group in (32, 64):
-        group = 16
-    case = make_case(m, size_k, 192, group, torch.bfloat16, act, zp, bias, seed=m + size_k)
-    check_against_reference(b, case)
+    check_against_reference(b, _w4a16_config_case(config, size_k, m, torch.bfloat16))
 
 
 @pytest.mark.parametrize("m", [9, 37, 300])
@@ -182,13 +187,7 @@ def test_w4a16_amx_fp16_against_reference(monkeypatch, config, size_k, m):
     N = 192: rows cut into 8-row multiples)."""
     b = backend_or_skip("cpu", OP)
     _env(monkeypatch, AMX_ON)
-    group, act, zp, bias = W4A16_CONFIGS[config]
-    if size_k == 1040 and group == 128:
-        group = 80
-    if size_k == 1040 and group in (32, 64):
-        group = 16
-    case = make_case(m, size_k, 192, group, torch.float16, act, zp, bias, seed=m + size_k)
-    check_split_against_reference(b, case)
+    check_split_against_reference(b, _w4a16_config_case(config, size_k, m, torch.float16))
 
 
 @pytest.mark.parametrize("m", [9, 300])

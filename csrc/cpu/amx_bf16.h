@@ -229,9 +229,11 @@ class AmxTileScope {
 
 // GCC's _tile_loadd is an asm with the pointer as a plain register operand and no "memory"
 // clobber, so the compiler does not know it reads the buffer: stores that fill a buffer just
-// before a tile load of it may be moved after the load (or dropped). Every padded copy a tile
-// loads is followed by this compiler barrier (it emits no instruction), and so is the entry
-// of each tile kernel (its callers' stores of the operands). _tile_stored has the clobber.
+// before a tile load of it may be moved after the load (or dropped), and stores that refill it
+// for the next tile load may be moved before the last one. Every padded copy a tile loads is
+// preceded and followed by this compiler barrier (it emits no instruction), and so is the
+// entry of each tile kernel (its callers' stores of the operands). _tile_stored has the
+// clobber.
 inline void amx_stores_before_tile_load() {
   std::atomic_signal_fence(std::memory_order_seq_cst);
 }
@@ -270,6 +272,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
       _tile_loadd(4, a + i0 * lda + k0, lda * 2);
       return;
     }
+    amx_stores_before_tile_load();  // the last step's tile load of a_pad came first
     if (width < kStepK || r != a_pad_rows) std::memset(a_pad, 0, sizeof(a_pad));
     a_pad_rows = width < kStepK ? -1 : r;
     for (int64_t i = 0; i < r; ++i)

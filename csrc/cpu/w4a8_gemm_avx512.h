@@ -615,6 +615,7 @@ __attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const 
       if (r == kRowBlock) {
         _tile_loadd(4, a, lda_q);
       } else {
+        amx_stores_before_tile_load();  // the last step's tile load of a_pad came first
         for (int64_t i = 0; i < r; ++i) std::memcpy(a_pad + i * kStepK, a + i * lda_q, kStepK);
         amx_stores_before_tile_load();
         _tile_loadd(4, a_pad, kStepK);
