@@ -283,6 +283,34 @@ def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size
     _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
 
 
+# The tiles with the weights as the A operand (awq_gemm_cpu_amx.h: bf16, K and the group size
+# multiples of 32; from 3 rows): (M, K, N, group size): a 1-word last line (N = 136), items of
+# 4 lines with a partial one (N = 1096), strips of one step (group 32), strips of 128 over a
+# group of K (per channel, K = 11008: 86 strips), 19 row blocks with a partial one (M = 300).
+AWQ_T_CASES = [(3, 1024, 136, 128), (4, 2048, 1096, 32), (16, 4096, 512, 128),
+               (17, 1024, 1096, 1024), (33, 11008, 136, 11008), (64, 512, 192, 64),
+               (300, 256, 128, 64)]
+
+
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_T_CASES)
+def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size):
+    """The transposed tile product gives the bits of the other tile path (W4K_AWQ_AMX_T=0: the
+    same exact products, the same 32-k steps in k order; a TDPBF16PS step adds a column's pairs
+    the same way whichever operand it is), with strided rows of x too, and the reference within
+    the fp32 bound, the same bits on 1 and 2 threads."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
+    monkeypatch.delenv("W4K_AWQ_AMX_T", raising=False)
+    _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
+    qw, s, qz = _awq(size_k, size_n, group_size, torch.bfloat16, seed=size_m)
+    wide = torch.randn(size_m, size_k + 48, generator=torch.Generator().manual_seed(size_n))
+    x = wide.to(torch.bfloat16)[:, 16:16 + size_k]  # rows 2 (K + 48) bytes apart, offset 32
+    new = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    with monkeypatch.context() as mp:
+        _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_LUT_ROWS": "0"})
+        other = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    assert golden.same_bits(new, other)
+
+
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):
     """W4K_AWQ_LUT_ROWS=0: the tile path (AMX) at M = 1..4 too, where its row block is mostly
     zero padding."""

@@ -29,6 +29,7 @@
 // _mm512_cvtph_ps, inlined from the kernels below) as uninitialized at -O3.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/awq_gemm_cpu.h"
+#include "cpu/awq_gemm_cpu_amx.h"
 #include "cpu/awq_gemm_cpu_avx2.h"
 #include "cpu/awq_gemm_cpu_lut.h"
 #include "cpu/isa.h"
@@ -254,6 +255,23 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
                               xs.data() + cpu::amx_split_row(m, 1) * pb.ldxs);
     });
     pb.xs = xs.data();
+  }
+#endif
+#ifdef W4K_HAVE_AMX_PATH
+  // bf16 on the tiles with the weights as the A operand (awq_gemm_cpu_amx.h): x as B tiles
+  // once per call, then work items of 4 lines (512 columns) x every row.
+  if (!kFp16 && tiles_amx && awq_cpu::amx_t_applies(pb)) {
+    cpu::Vector64<uint32_t> xt(awq_cpu::amx_t_x_dwords(pb));
+    const int64_t threads = at::get_num_threads();
+    cpu::WorkQueue::instance().run(awq_cpu::amx_t_row_blocks(pb.size_m), threads,
+                                   [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.data()); });
+    const int64_t cols = awq_cpu::kAmxTItemLines * awq_cpu::kAmxTLine;
+    const int64_t floats = awq_cpu::amx_t_scratch_floats(pb.size_m);
+    cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
+      awq_cpu::chunk_amx_t(pb, xt.data(), c * cols, std::min(pb.size_n, (c + 1) * cols),
+                           thread_scratch(floats));
+    });
+    return;
   }
 #endif
   if (!pb.xs) xf = widen();

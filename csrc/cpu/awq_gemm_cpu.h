@@ -158,6 +158,15 @@ struct Problem {
   int64_t ldxs = 0;
 };
 
+// bf16 on AMX tiles, wherever K and the group size are multiples of 32: the weights as the A
+// operand (awq_gemm_cpu_amx.h; from 3 rows, awq_gemm_cpu_lut.h kLutMaxMBf16AmxT). Elsewhere, and
+// with W4K_AWQ_AMX_T=0 (tests and benchmarks compare the two), chunk_avx512 below.
+inline bool amx_t_applies(const Problem& pb) {
+  const char* env = std::getenv("W4K_AWQ_AMX_T");
+  if (env && std::strcmp(env, "0") == 0) return false;
+  return pb.size_k % 32 == 0 && (pb.size_k / pb.groups) % 32 == 0;
+}
+
 // Per-thread scratch: sized by scratch_floats().
 inline int64_t scratch_floats(int64_t size_m, int64_t chunk_blocks = kChunkBlocks) {
   return size_m * chunk_blocks * kBlockN      // accumulators of one chunk, lane order

@@ -46,14 +46,20 @@ inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
 constexpr int64_t kLutMaxMBf16 = 8;
 constexpr int64_t kLutMaxMFp16 = 7;
 // With AMX tiles (bf16 on the AVX-512 path; cpu/amx_bf16.h) the tile path takes over from
-// kLutMaxMBf16Amx + 1 rows (measured in awq.cpp, awq_gemm_run). W4K_AWQ_LUT_ROWS overrides the
-// limit of every path (tests and benchmarks compare the paths with it).
-constexpr int64_t kLutMaxMBf16Amx = 4;
+// kLutMaxMBf16Amx + 1 rows (measured in awq.cpp, awq_gemm_run), and from kLutMaxMBf16AmxT + 1
+// where the tiles take the weights as their A operand (amx_t_applies, awq_gemm_cpu_amx.h).
+// Measured 2026-11-28 (one thread, CPU time, medians of 7 calls alternating, weights rotated),
+// that path over this one: M = 2 0.89x on 4096 x 4096; M = 3 1.05 / 1.10 / 1.13x and M = 4
+// 1.27 / 1.27 / 1.31x on 4096 x 4096 / 11008 x 4096 / 4096 x 11008. W4K_AWQ_LUT_ROWS overrides
+// the limit of every path (tests and benchmarks compare the paths with it).
+constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 2;
 template <Dtype D>
 inline bool lut_path_applies(const Problem& pb, bool amx = false) {
   const char* env = std::getenv("W4K_AWQ_LUT_ROWS");
   const int64_t max_m = env ? std::atoll(env)
-                        : D == Dtype::kBFloat16 ? (amx ? kLutMaxMBf16Amx : kLutMaxMBf16)
+                        : D == Dtype::kBFloat16
+                            ? (!amx ? kLutMaxMBf16
+                                    : amx_t_applies(pb) ? kLutMaxMBf16AmxT : kLutMaxMBf16Amx)
                                                 : kLutMaxMFp16;
   return pb.size_m <= max_m && pb.size_k % 16 == 0 && (pb.size_k / pb.groups) % 16 == 0;
 }
