@@ -284,7 +284,7 @@ def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size
 
 
 # The tiles with the weights as the A operand (awq_gemm_cpu_amx.h: bf16, K and the group size
-# multiples of 32; from 3 rows): (M, K, N, group size): a 1-word last line (N = 136), items of
+# multiples of 32; by default from 3 to 64 rows): (M, K, N, group size): a 1-word last line (N = 136), items of
 # 4 lines with a partial one (N = 1096), strips of one step (group 32), strips of 128 over a
 # group of K (per channel, K = 11008: 86 strips), 19 row blocks with a partial one (M = 300).
 AWQ_T_CASES = [(3, 1024, 136, 128), (4, 2048, 1096, 32), (16, 4096, 512, 128),
@@ -298,8 +298,7 @@ def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size):
     same exact products, the same 32-k steps in k order; a TDPBF16PS step adds a column's pairs
     the same way whichever operand it is), with strided rows of x too, and the reference within
     the fp32 bound, the same bits on 1 and 2 threads."""
-    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
-    monkeypatch.delenv("W4K_AWQ_AMX_T", raising=False)
+    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_AMX_T": "1"})  # 1: above 64 rows too
     _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
     qw, s, qz = _awq(size_k, size_n, group_size, torch.bfloat16, seed=size_m)
     wide = torch.randn(size_m, size_k + 48, generator=torch.Generator().manual_seed(size_n))

@@ -158,13 +158,22 @@ struct Problem {
   int64_t ldxs = 0;
 };
 
-// bf16 on AMX tiles, wherever K and the group size are multiples of 32: the weights as the A
-// operand (awq_gemm_cpu_amx.h; from 3 rows, awq_gemm_cpu_lut.h kLutMaxMBf16AmxT). Elsewhere, and
-// with W4K_AWQ_AMX_T=0 (tests and benchmarks compare the two), chunk_avx512 below.
+// bf16 on AMX tiles up to kAmxTMaxRows rows, wherever K and the group size are multiples of
+// 32: the weights as the A operand (awq_gemm_cpu_amx.h; from 3 rows, awq_gemm_cpu_lut.h
+// kLutMaxMBf16AmxT). Elsewhere, and with W4K_AWQ_AMX_T=0 (tests and benchmarks compare the
+// two), chunk_avx512 below; W4K_AWQ_AMX_T=1 takes it at every M (tests).
+// Measured 2026-11-28 (2 threads, wall clock, medians of 9 calls alternating with the other
+// path and torch's F.linear, 50 ms apart, weights rotated), x speed-up over the previous
+// default (the lookup path at M = 4, chunk_avx512 above): M = 4..32 1.08-1.66x on 4096 x 4096,
+// 11008 x 4096 and 4096 x 11008, M = 64 1.03 / 1.06 / 1.31x; M = 128 1.07x on 4096 x 4096 but
+// 0.80x on 11008 x 4096, M = 256 0.82 / 0.87x (there the decode is amortized and the other
+// path's C tiles stay over 256 k, not 128).
+constexpr int64_t kAmxTMaxRows = 64;
 inline bool amx_t_applies(const Problem& pb) {
   const char* env = std::getenv("W4K_AWQ_AMX_T");
   if (env && std::strcmp(env, "0") == 0) return false;
-  return pb.size_k % 32 == 0 && (pb.size_k / pb.groups) % 32 == 0;
+  const bool rows = pb.size_m <= kAmxTMaxRows || (env && std::strcmp(env, "1") == 0);
+  return rows && pb.size_k % 32 == 0 && (pb.size_k / pb.groups) % 32 == 0;
 }
 
 // Per-thread scratch: sized by scratch_floats().
