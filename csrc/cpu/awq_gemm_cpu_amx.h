@@ -28,7 +28,8 @@
 // Numerics: the same exact bf16 products as the other tile path, and per output the same steps
 // of 32 k in k order (aligned to k = 0): a tile step pairs the same products whichever operand
 // is A, so the bits are those of the other AMX path (tested), the same for every thread count.
-// Runs where K and the group size are multiples of 32 (a step never straddles a group).
+// Runs where K and the group size are multiples of 32 (a step never straddles a group), by
+// default at M = 3..64 (awq_gemm_cpu.h amx_t_applies, awq_gemm_cpu_lut.h kLutMaxMBf16AmxT).
 #pragma once
 
 #include <immintrin.h>
