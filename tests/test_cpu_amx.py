@@ -283,31 +283,59 @@ def test_awq_amx_against_reference_and_threads(monkeypatch, size_m, size_k, size
     _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
 
 
-# The tiles with the weights as the A operand (awq_gemm_cpu_amx.h: bf16, K and the group size
-# multiples of 32; by default from 3 to 64 rows): (M, K, N, group size): a 1-word last line (N = 136), items of
-# 4 lines with a partial one (N = 1096), strips of one step (group 32), strips of 128 over a
-# group of K (per channel, K = 11008: 86 strips), 19 row blocks with a partial one (M = 300).
+# The tiles with the weights as the A operand (awq_gemm_cpu_amx.h: K and the group size
+# multiples of 32; by default bf16 at 3 to 64 rows, fp16 at 12 to 48): (M, K, N, group size): a
+# 1-word last line (N = 136), items of 4 lines with a partial one (N = 1096), strips of one step
+# (group 32), strips of 128 over a group of K (per channel, K = 11008: 86 strips), 19 row blocks
+# with a partial one (M = 300; fp16: 38 blocks of 8 rows' hi and lo parts).
 AWQ_T_CASES = [(3, 1024, 136, 128), (4, 2048, 1096, 32), (16, 4096, 512, 128),
                (17, 1024, 1096, 1024), (33, 11008, 136, 11008), (64, 512, 192, 64),
                (300, 256, 128, 64)]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_T_CASES)
-def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size):
+def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size, dtype):
     """The transposed tile product gives the bits of the other tile path (W4K_AWQ_AMX_T=0: the
-    same exact products, the same 32-k steps in k order; a TDPBF16PS step adds a column's pairs
-    the same way whichever operand it is), with strided rows of x too, and the reference within
-    the fp32 bound, the same bits on 1 and 2 threads."""
-    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_AMX_T": "1"})  # 1: above 64 rows too
-    _check_awq_against_reference_and_threads(torch.bfloat16, size_m, size_k, size_n, group_size)
-    qw, s, qz = _awq(size_k, size_n, group_size, torch.bfloat16, seed=size_m)
+    same exact products, the same 32-k steps in k order, fp16's hi then lo products per step; a
+    TDPBF16PS step adds a column's pairs the same way whichever operand it is), with strided
+    rows of x too, and the reference within the fp32 bound (fp16: 4 K additions, the split), the
+    same bits on 1 and 2 threads. W4K_AWQ_AMX_T=1 and W4K_AWQ_AMX_T_FP16_ROWS=0 take it at every
+    M; the other path runs its fp16 split at every M with W4K_AWQ_AMX_FP16_ROWS=0."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_AMX_T": "1", "W4K_AWQ_AMX_T_FP16_ROWS": "0",
+                       "W4K_AWQ_LUT_ROWS": "0"})
+    fp16 = dtype == torch.float16
+    _check_awq_against_reference_and_threads(dtype, size_m, size_k, size_n, group_size,
+                                             terms=4 * size_k if fp16 else None)
+    qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m)
     wide = torch.randn(size_m, size_k + 48, generator=torch.Generator().manual_seed(size_n))
-    x = wide.to(torch.bfloat16)[:, 16:16 + size_k]  # rows 2 (K + 48) bytes apart, offset 32
+    x = wide.to(dtype)[:, 16:16 + size_k]  # rows 2 (K + 48) bytes apart, offset 32
     new = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
     with monkeypatch.context() as mp:
-        _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_LUT_ROWS": "0"})
+        _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_AMX_FP16_ROWS": "0"})
         other = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+        _env(mp, {"W4K_AWQ_AMX_FP16_ROWS": "1000000"})  # fp16: the fp32 FMA path
+        fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
     assert golden.same_bits(new, other)
+    if fp16:  # the split ran (a cancelling sum's bits differ from the FMA chain's)
+        assert not golden.same_bits(new, fma)
+
+
+def test_awq_amx_weights_as_a_default_rows(monkeypatch):
+    """By default the path takes bf16 from 3 rows and fp16 from 12 (below: the lookup path, and
+    for fp16 the FMA tiles): at those row counts the bits are the split's, not the FMA path's."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
+    for key in ("W4K_AWQ_AMX_T", "W4K_AWQ_AMX_T_FP16_ROWS", "W4K_AWQ_LUT_ROWS",
+                "W4K_AWQ_AMX_FP16_ROWS"):
+        monkeypatch.delenv(key, raising=False)
+    qw, s, qz = _awq(1024, 256, 128, torch.float16, seed=5)
+    for m in (11, 12, 48):
+        x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).half()
+        out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+        with monkeypatch.context() as mp:
+            _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_AMX_FP16_ROWS": "1000000"})
+            fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+        assert golden.same_bits(out, fma) == (m < 12), m
 
 
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):

@@ -239,7 +239,11 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, widen());
   const bool amx = simd && cpu::amx_bf16_enabled();
   const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
-  const bool tiles_amx = amx && !lut && (!kFp16 || pb.size_m >= awq_cpu::amx_fp16_min_rows());
+  // fp16 with the weights as the A operand (awq_gemm_cpu_amx.h) from fewer rows than the other
+  // tile path's split
+  const bool t_fp16 = kFp16 && amx && !lut && awq_cpu::amx_t_fp16_applies(pb);
+  const bool tiles_amx =
+      amx && !lut && (!kFp16 || t_fp16 || pb.size_m >= awq_cpu::amx_fp16_min_rows());
   std::vector<uint16_t> xs;  // fp16 on the tiles: x as split rows
   const float* xf = nullptr;
 #ifdef W4K_HAVE_AMX_SPLIT
@@ -258,18 +262,22 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   }
 #endif
 #ifdef W4K_HAVE_AMX_PATH
-  // bf16 on the tiles with the weights as the A operand (awq_gemm_cpu_amx.h): x as B tiles
-  // once per call, then work items of 4 lines (512 columns) x every row.
-  if (!kFp16 && tiles_amx && awq_cpu::amx_t_applies(pb)) {
+  // The tiles with the weights as the A operand (awq_gemm_cpu_amx.h; fp16: its split rows made
+  // above): x as B tiles once per call, then work items of 4 lines (512 columns) x every row.
+  if (kFp16 ? t_fp16 && pb.xs != nullptr : tiles_amx && awq_cpu::amx_t_applies(pb)) {
     cpu::Vector64<uint32_t> xt(awq_cpu::amx_t_x_dwords(pb));
     const int64_t threads = at::get_num_threads();
-    cpu::WorkQueue::instance().run(awq_cpu::amx_t_row_blocks(pb.size_m), threads,
-                                   [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.data()); });
+    cpu::WorkQueue::instance().run(
+        awq_cpu::amx_t_row_blocks(awq_cpu::amx_t_tile_rows(pb)), threads,
+        [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.data()); });
     const int64_t cols = awq_cpu::kAmxTItemLines * awq_cpu::kAmxTLine;
-    const int64_t floats = awq_cpu::amx_t_scratch_floats(pb.size_m);
+    const int64_t floats = awq_cpu::amx_t_scratch_floats(awq_cpu::amx_t_tile_rows(pb));
     cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
-      awq_cpu::chunk_amx_t(pb, xt.data(), c * cols, std::min(pb.size_n, (c + 1) * cols),
-                           thread_scratch(floats));
+      const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
+      if (kFp16)
+        awq_cpu::chunk_amx_t<true>(pb, xt.data(), n0, n1, thread_scratch(floats));
+      else
+        awq_cpu::chunk_amx_t<false>(pb, xt.data(), n0, n1, thread_scratch(floats));
     });
     return;
   }
