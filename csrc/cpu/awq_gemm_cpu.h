@@ -66,7 +66,9 @@ constexpr int64_t kChunkBlocksAmxFewRows = 16, kAmxManyRows = 64;
 // 0.85 / 0.95 on 11008 x 4096 / 4096 x 11008 / 4096 x 4096, M = 24 1.02 / 0.95 / 1.03, M = 32
 // 1.03 / 1.09 / 1.09, M = 48 1.12 / 1.18 / 1.22. (The split decode, ~10 more instructions
 // per 16 weights, weighs as much as the 4x tile work.)
-// W4K_AWQ_AMX_FP16_ROWS overrides it (tests run the split at every M with it).
+// W4K_AWQ_AMX_FP16_ROWS overrides it (tests run the split at every M with it). Where K and the
+// group size are multiples of 32, the weights-as-A tiles take fp16 at 12..48 rows first
+// (amx_t_fp16_applies below).
 constexpr int64_t kAmxFp16MinRows = 32;
 inline int64_t amx_fp16_min_rows() {
   const char* env = std::getenv("W4K_AWQ_AMX_FP16_ROWS");
