@@ -310,32 +310,45 @@ def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size, d
     qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_m)
     wide = torch.randn(size_m, size_k + 48, generator=torch.Generator().manual_seed(size_n))
     x = wide.to(dtype)[:, 16:16 + size_k]  # rows 2 (K + 48) bytes apart, offset 32
-    new = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    new, ran = _awq_gemm_and_path(x, qw, s, qz)
+    assert ran  # its bits are the other path's by design: the profiler event says it ran
     with monkeypatch.context() as mp:
         _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_AMX_FP16_ROWS": "0"})
-        other = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
-        _env(mp, {"W4K_AWQ_AMX_FP16_ROWS": "1000000"})  # fp16: the fp32 FMA path
-        fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+        other, ran = _awq_gemm_and_path(x, qw, s, qz)
+    assert not ran
     assert golden.same_bits(new, other)
-    if fp16:  # the split ran (a cancelling sum's bits differ from the FMA chain's)
-        assert not golden.same_bits(new, fma)
 
 
-def test_awq_amx_weights_as_a_default_rows(monkeypatch):
-    """By default the path takes bf16 from 3 rows and fp16 from 12 (below: the lookup path, and
-    for fp16 the FMA tiles): at those row counts the bits are the split's, not the FMA path's."""
+AMX_T_EVENT = "w4kernels::awq_gemm[amx weights as A]"
+
+
+def _awq_gemm_and_path(x, qw, s, qz):
+    """awq_gemm's output, and whether the weights-as-A tiles ran (their profiler event)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+    return out, any(e.name == AMX_T_EVENT for e in prof.events())
+
+
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {2: False, 3: True, 64: True,
+                                                           65: False}),
+                                        (torch.float16, {11: False, 12: True, 48: True,
+                                                         49: False})])
+def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
+    """By default the path takes bf16 at 3..64 rows and fp16 at 12..48 (K and the group size
+    multiples of 32), and nothing where K is not (K = 1040, group 80)."""
     _env(monkeypatch, {"W4K_CPU_AMX": "1"})
     for key in ("W4K_AWQ_AMX_T", "W4K_AWQ_AMX_T_FP16_ROWS", "W4K_AWQ_LUT_ROWS",
                 "W4K_AWQ_AMX_FP16_ROWS"):
         monkeypatch.delenv(key, raising=False)
-    qw, s, qz = _awq(1024, 256, 128, torch.float16, seed=5)
-    for m in (11, 12, 48):
-        x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).half()
-        out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
-        with monkeypatch.context() as mp:
-            _env(mp, {"W4K_AWQ_AMX_T": "0", "W4K_AWQ_AMX_FP16_ROWS": "1000000"})
-            fma = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
-        assert golden.same_bits(out, fma) == (m < 12), m
+    for size_k, group_size in ((1024, 128), (1040, 80)):
+        qw, s, qz = _awq(size_k, 256, group_size, dtype, seed=5)
+        for m, expected in rows.items():
+            x = torch.randn(m, size_k, generator=torch.Generator().manual_seed(m)).to(dtype)
+            out, ran = _awq_gemm_and_path(x, qw, s, qz)
+            assert ran == (expected and size_k == 1024), (size_k, m)
+            w = reference.awq_dequantize(qw, s, qz).double()
+            assert_gemm_close(out, x.double() @ w, x.double(), w,
+                              terms=4 * size_k if dtype == torch.float16 else None)
 
 
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):

@@ -9,6 +9,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -21,6 +22,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -265,19 +268,27 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   // The tiles with the weights as the A operand (awq_gemm_cpu_amx.h; fp16: its split rows made
   // above): x as B tiles once per call, then work items of 4 lines (512 columns) x every row.
   if (kFp16 ? t_fp16 && pb.xs != nullptr : tiles_amx && awq_cpu::amx_t_applies(pb)) {
-    cpu::Vector64<uint32_t> xt(awq_cpu::amx_t_x_dwords(pb));
+    // A profiler event names the path (tests check that it ran: its bits are the other tile
+    // path's by design).
+    RECORD_FUNCTION("w4kernels::awq_gemm[amx weights as A]", std::vector<c10::IValue>());
+    // Every dword is written by amx_t_x_tiles: not zeroed first (x's size, 90 MB at M = 4096).
+    struct AlignedDelete {
+      void operator()(uint32_t* p) const { ::operator delete(p, std::align_val_t(64)); }
+    };
+    const std::unique_ptr<uint32_t, AlignedDelete> xt(static_cast<uint32_t*>(::operator new(
+        sizeof(uint32_t) * awq_cpu::amx_t_x_dwords(pb), std::align_val_t(64))));
     const int64_t threads = at::get_num_threads();
     cpu::WorkQueue::instance().run(
         awq_cpu::amx_t_row_blocks(awq_cpu::amx_t_tile_rows(pb)), threads,
-        [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.data()); });
+        [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.get()); });
     const int64_t cols = awq_cpu::kAmxTItemLines * awq_cpu::kAmxTLine;
     const int64_t floats = awq_cpu::amx_t_scratch_floats(awq_cpu::amx_t_tile_rows(pb));
     cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
       const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
       if (kFp16)
-        awq_cpu::chunk_amx_t<true>(pb, xt.data(), n0, n1, thread_scratch(floats));
+        awq_cpu::chunk_amx_t<true>(pb, xt.get(), n0, n1, thread_scratch(floats));
       else
-        awq_cpu::chunk_amx_t<false>(pb, xt.data(), n0, n1, thread_scratch(floats));
+        awq_cpu::chunk_amx_t<false>(pb, xt.get(), n0, n1, thread_scratch(floats));
     });
     return;
   }

@@ -163,7 +163,7 @@ struct Problem {
 // bf16 on AMX tiles up to kAmxTMaxRows rows, wherever K and the group size are multiples of
 // 32: the weights as the A operand (awq_gemm_cpu_amx.h; from 3 rows, awq_gemm_cpu_lut.h
 // kLutMaxMBf16AmxT). Elsewhere, and with W4K_AWQ_AMX_T=0 (tests and benchmarks compare the
-// two), chunk_avx512 below; W4K_AWQ_AMX_T=1 takes it at every M (tests).
+// two), chunk_avx512 below; W4K_AWQ_AMX_T=1 lifts the upper row limit (tests).
 // Measured 2026-11-28 (2 threads, wall clock, medians of 9 calls alternating with the other
 // path and torch's F.linear, 50 ms apart, weights rotated), x speed-up over the previous
 // default (the lookup path at M = 4, chunk_avx512 above): M = 4..32 1.08-1.66x on 4096 x 4096,
