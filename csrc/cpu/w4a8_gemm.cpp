@@ -6,14 +6,18 @@
 // says so.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::get_num_threads
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <new>
 #include <optional>
 #include <vector>
 
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_work_queue.h"
 #include "cpu/w4a8_gemm_avx2.h"
+#include "cpu/w4a8_gemm_amx_t.h"
 #include "cpu/w4a8_gemm_avx512.h"
 #include "cpu/w4a8_gemm_kernel.h"
 #include "w4a8_checks.h"
@@ -77,6 +81,30 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
                            const_cast<int32_t*>(p.sumqa) + m * p.num_blocks, scratch.data());
   });
 
+#ifdef W4K_HAVE_AMX_PATH
+  // AWQ at few rows on AMX-INT8 with the weights as the A operand (cpu/w4a8_gemm_amx_t.h): qa
+  // as B tiles once per call, then work items of 4 lines (512 columns) x every row.
+  if (avx512 && cpu::a8t_applies(p)) {
+    RECORD_FUNCTION("w4kernels::awq_gemm_a8[amx weights as A]", std::vector<c10::IValue>());
+    struct AlignedDelete {
+      void operator()(uint32_t* q) const { ::operator delete(q, std::align_val_t(64)); }
+    };
+    const std::unique_ptr<uint32_t, AlignedDelete> qt(static_cast<uint32_t*>(
+        ::operator new(sizeof(uint32_t) * cpu::a8t_qa_dwords(p), std::align_val_t(64))));
+    cpu::WorkQueue::instance().run(cpu::a8t_row_blocks(size_m), threads,
+                                   [&](int64_t rb) { cpu::a8t_qa_tiles(p, rb, qt.get()); });
+    const int64_t cols = cpu::kA8TItemLines * cpu::kA8TLine;
+    const int64_t floats = cpu::a8t_scratch_floats(size_m);
+    cpu::WorkQueue::instance().run((size_n + cols - 1) / cols, threads, [&](int64_t c) {
+      thread_local std::vector<float> buf;
+      if (static_cast<int64_t>(buf.size()) < floats + 16) buf.resize(floats + 16);
+      float* scratch = reinterpret_cast<float*>(
+          (reinterpret_cast<uintptr_t>(buf.data()) + 63) / 64 * 64);
+      cpu::a8t_chunk(p, qt.get(), c * cols, std::min(size_n, (c + 1) * cols), scratch);
+    });
+    return out;
+  }
+#endif
   // Items: (row block, group of 64-column chunks). Chunk groups are even (AWQ: a 64-byte line
   // holds 2 chunks of a row); rows are split only when there are too few chunk groups, and then
   // into blocks of >= 48 rows (each row block decodes the weights again).
