@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -71,6 +72,20 @@ struct Align64Allocator {
 };
 template <typename T>
 using Vector64 = std::vector<T, Align64Allocator<T>>;
+
+// n values of T on 64-byte boundaries, left uninitialized (for buffers that are written whole
+// before they are read, where Vector64 would zero them first: the tile paths' x / qa B tiles,
+// the size of x).
+template <typename T>
+struct Aligned64Delete {
+  void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+template <typename T>
+using Uninit64 = std::unique_ptr<T[], Aligned64Delete<T>>;
+template <typename T>
+Uninit64<T> make_uninit64(int64_t n) {
+  return Uninit64<T>(static_cast<T*>(::operator new(sizeof(T) * n, std::align_val_t(64))));
+}
 
 // fp16 activations on the tiles: rows m of a as split rows (amx_split_half) in blocks of 8
 // rows, block b = rows 8b .. 8b + 7 as 16 rows of the tile operand: the hi parts of the 8 rows,

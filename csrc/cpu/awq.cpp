@@ -22,8 +22,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -272,11 +270,7 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
     // path's by design).
     RECORD_FUNCTION("w4kernels::awq_gemm[amx weights as A]", std::vector<c10::IValue>());
     // Every dword is written by amx_t_x_tiles: not zeroed first (x's size, 90 MB at M = 4096).
-    struct AlignedDelete {
-      void operator()(uint32_t* p) const { ::operator delete(p, std::align_val_t(64)); }
-    };
-    const std::unique_ptr<uint32_t, AlignedDelete> xt(static_cast<uint32_t*>(::operator new(
-        sizeof(uint32_t) * awq_cpu::amx_t_x_dwords(pb), std::align_val_t(64))));
+    const auto xt = cpu::make_uninit64<uint32_t>(awq_cpu::amx_t_x_dwords(pb));
     const int64_t threads = at::get_num_threads();
     cpu::WorkQueue::instance().run(
         awq_cpu::amx_t_row_blocks(awq_cpu::amx_t_tile_rows(pb)), threads,

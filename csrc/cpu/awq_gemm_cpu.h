@@ -248,6 +248,19 @@ W4K_AWQ_AVX512 inline __m512 f16_to_f32(__m256i h, Dtype d) {
                            : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// The zero-point codes of 16 consecutive columns 8w .. 8w + 15 in column order (lane l: word
+// l / 8, nibble kAwqNibble[l % 8]) from their 2 qzeros words, of which `words` (0..2) are read
+// (the others count as 0).
+W4K_AWQ_AVX512 inline __m512i awq_codes16(const int32_t* qz, int words) {
+  const __m512i word = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i shift = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12,
+                                          28);
+  const __m128i zw = _mm_maskz_loadu_epi32(static_cast<__mmask8>((1u << words) - 1), qz);
+  return _mm512_and_si512(
+      _mm512_srlv_epi32(_mm512_permutexvar_epi32(word, _mm512_castsi128_si512(zw)), shift),
+      _mm512_set1_epi32(15));
+}
+
 // The 4 code vectors of one row of a block (lane order); `words` = valid words (1..8).
 template <bool kFull>
 W4K_AWQ_AVX512 inline void decode_codes(const int32_t* q, int64_t words, __m512i c[4]) {

@@ -116,21 +116,13 @@ W4K_AWQ_AMX_T inline void amx_t_tables(const Problem& pb, int64_t g, int64_t n, 
                                        uint16_t* tab) {
   alignas(64) float s[kAmxTLine], zs[kAmxTLine];
   const int32_t* qz = pb.qzeros + g * (pb.size_n / 8) + n / 8;
-  // lane l of 16 columns: word l / 8, nibble kAwqNibble[l % 8]
-  const __m512i word = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i shift = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12,
-                                          28);
   for (int64_t c0 = 0; c0 < kAmxTLine; c0 += 16) {
     const int64_t left = std::clamp<int64_t>(ncols - c0, 0, 16);  // a multiple of 8
     const __mmask16 cm = static_cast<__mmask16>((1u << left) - 1);
     const __m512 sv =
         f16_to_f32(_mm256_maskz_loadu_epi16(cm, pb.scales + g * pb.size_n + n + c0),
                    kSplit ? Dtype::kHalf : Dtype::kBFloat16);
-    const __m128i zw = _mm_maskz_loadu_epi32(static_cast<__mmask8>((1u << (left / 8)) - 1),
-                                             qz + c0 / 8);
-    const __m512i z = _mm512_and_si512(
-        _mm512_srlv_epi32(_mm512_permutexvar_epi32(word, _mm512_castsi128_si512(zw)), shift),
-        _mm512_set1_epi32(15));
+    const __m512i z = awq_codes16(qz + c0 / 8, static_cast<int>(left / 8));
     // (-z) by a sign flip, so z = 0 gives -0 exactly as the portable (-z) * s does
     const __m512 negz = _mm512_castsi512_ps(_mm512_xor_si512(
         _mm512_castps_si512(_mm512_cvtepi32_ps(z)), _mm512_set1_epi32(INT32_MIN)));

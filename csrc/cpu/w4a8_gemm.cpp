@@ -9,8 +9,6 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
-#include <memory>
-#include <new>
 #include <optional>
 #include <vector>
 
@@ -86,11 +84,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // as B tiles once per call, then work items of 4 lines (512 columns) x every row.
   if (avx512 && cpu::a8t_applies(p)) {
     RECORD_FUNCTION("w4kernels::awq_gemm_a8[amx weights as A]", std::vector<c10::IValue>());
-    struct AlignedDelete {
-      void operator()(uint32_t* q) const { ::operator delete(q, std::align_val_t(64)); }
-    };
-    const std::unique_ptr<uint32_t, AlignedDelete> qt(static_cast<uint32_t*>(
-        ::operator new(sizeof(uint32_t) * cpu::a8t_qa_dwords(p), std::align_val_t(64))));
+    const auto qt = cpu::make_uninit64<uint32_t>(cpu::a8t_qa_dwords(p));
     cpu::WorkQueue::instance().run(cpu::a8t_row_blocks(size_m), threads,
                                    [&](int64_t rb) { cpu::a8t_qa_tiles(p, rb, qt.get()); });
     const int64_t cols = cpu::kA8TItemLines * cpu::kA8TLine;

@@ -146,19 +146,14 @@ W4K_A8T_TARGET inline void a8t_decode(const W4a8Problem& p, int64_t k0, int64_t 
 // (ncols 64 or 128), 16 at a time; zero past ncols.
 W4K_A8T_TARGET inline void a8t_scales_zeros(const W4a8Problem& p, int64_t g, int64_t n0,
                                             int64_t ncols, float* sw, int32_t* z) {
-  const __m512i word = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i shift = _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 16, 4, 20, 8, 24, 12,
-                                          28);  // column 8w + j: nibble {0,4,1,5,2,6,3,7}[j]
+  const awq_cpu::Dtype d =
+      p.type == HalfType::kFloat16 ? awq_cpu::Dtype::kHalf : awq_cpu::Dtype::kBFloat16;
   for (int64_t c0 = 0; c0 < kA8TLine; c0 += 16) {
-    const __mmask16 cm = c0 < ncols ? 0xFFFF : 0;
-    const __m256i h = _mm256_maskz_loadu_epi16(cm, p.scales + g * p.size_n + n0 + c0);
-    const __m512 bf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    _mm512_store_ps(sw + c0, p.type == HalfType::kFloat16 ? _mm512_cvtph_ps(h) : bf);
-    const __m128i zw = _mm_maskz_loadu_epi32(c0 < ncols ? 3 : 0,
-                                             p.zeros + g * (p.size_n / 8) + (n0 + c0) / 8);
-    _mm512_store_si512(z + c0, _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(
-                                                    word, _mm512_castsi128_si512(zw)), shift),
-                                                _mm512_set1_epi32(15)));
+    const bool in = c0 < ncols;  // ncols: 64 or 128
+    const __m256i h = _mm256_maskz_loadu_epi16(in ? 0xFFFF : 0, p.scales + g * p.size_n + n0 + c0);
+    _mm512_store_ps(sw + c0, awq_cpu::f16_to_f32(h, d));
+    _mm512_store_si512(
+        z + c0, awq_cpu::awq_codes16(p.zeros + g * (p.size_n / 8) + (n0 + c0) / 8, in ? 2 : 0));
   }
 }
 
@@ -177,7 +172,7 @@ W4K_A8T_TARGET void a8t_chunk(const W4a8Problem& p, const uint32_t* qt, int64_t 
   alignas(64) int32_t sq_v[16];
   std::memset(acc, 0, sizeof(float) * lines * blocks_m * kA8TLine * 16);
   AmxTileScope amx_tiles(true);
-  const int64_t ldq = p.size_n / 8, steps = p.block / kA8TStep;
+  const int64_t steps = p.block / kA8TStep;
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     for (int64_t l = 0; l < lines; ++l) {
