@@ -19,6 +19,7 @@ import torch
 
 from w4kernels import nn as wnn
 from w4kernels import ops, quant, reference
+from conftest import cpu_flags
 from test_w4a16_gemm import make_case
 
 U = 2.0 ** -24  # fp32 unit roundoff
@@ -226,6 +227,61 @@ def test_awq_and_marlin_formats_agree():
     got = ops.awq_gemm_a8(x, awq.qweight, awq.scales, awq.qzeros)
     assert torch.equal(got, ops.w4a8_gemm(x, mw.b_q_weight, mw.b_scales, mw.b_zeros, None, None,
                                           4, 5, 256, 512))
+
+
+PAIRS_EVENT = "w4kernels::awq_gemm_a8[unpack pairs]"
+
+
+@contextlib.contextmanager
+def _env_var(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _awq_a8_pairs_ran(args):
+    """awq_gemm_a8's output, and whether the AWQ chunk pairs ran (their profiler event)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = ops.awq_gemm_a8(*args)
+    return out, any(e.name == PAIRS_EVENT for e in prof.events())
+
+
+# (K, N, group, dtype): N = 11 chunks (2 threads or 1: items of 8 chunks, two groups of two
+# pairs, and of 3, a pair and a lone chunk), 5 blocks of 128; N = 5 chunks, 7 blocks of 64
+PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP)]
+
+
+@pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512_vnni", "avx512vbmi"} <= cpu_flags(),
+                    reason="this CPU has no AVX-512 VNNI with VBMI: awq_gemm_a8 runs its AVX2 or "
+                           "portable path, which the other tests cover")
+@pytest.mark.parametrize("shape", PAIR_SHAPES, ids=[f"k{s[0]}-n{s[1]}-g{s[2]}" for s in PAIR_SHAPES])
+def test_awq_gemm_a8_unpack_pairs_m_sweep(shape):
+    """AWQ on AVX-512 decodes chunk pairs by byte unpacks (1-4 rows in registers, in 1-4 passes,
+    two pairs at a time where an item has four chunks; more rows: L1 panels of half pairs and
+    3-6-row tiles). The path ran (its profiler event), and the integer sums being exact, it gives
+    the bits of the vpermt2b decode (W4K_A8_AWQ_PAIRS=0) and of the portable loop, on 1 and 2
+    threads, and the reference's within the int8 mode's bound."""
+    k, n, g, dt = shape
+    args, x, w, group = awq_case(23, k, n, g, dt, seed=k + n)
+    for m in list(range(1, 11)) + [13, 16, 17, 23]:
+        a = [args[0][:m]] + args[1:]
+        out, ran = _awq_a8_pairs_ran(a)
+        assert ran, m
+        with _env_var("W4K_A8_AWQ_PAIRS", "0"):
+            old, ran_old = _awq_a8_pairs_ran(a)
+        assert not ran_old and torch.equal(_bits(old), _bits(out)), m
+        with threads(1):
+            assert torch.equal(_bits(ops.awq_gemm_a8(*a)), _bits(out)), m
+        with cpu_isa("scalar"):
+            assert torch.equal(_bits(ops.awq_gemm_a8(*a)), _bits(out)), m
+        ref = reference.awq_gemm_a8(*a)
+        assert ((out.double() - ref).abs() <= _tight_tol(ref, x[:m], w, group, None)).all(), m
 
 
 # ---- summation order: every path adds the block terms in the same fp32 order ---------------------

@@ -9,7 +9,6 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
-#include <optional>
 #include <vector>
 
 #include "cpu/isa.h"
@@ -127,7 +126,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
     row_blocks = std::max<int64_t>(1, std::min((4 * threads + col_items - 1) / col_items,
                                                size_m / 48));
   const int64_t rows_per_block = (size_m + row_blocks - 1) / row_blocks;
-  cpu::WorkQueue::instance().run(col_items * row_blocks, threads, [&](int64_t item) {
+  auto run_item = [&](int64_t item) {
     const int64_t rb = item / col_items, cg = item % col_items;
     const int64_t ch0 = cg * chunks_per_item, ch1 = std::min(num_chunks, ch0 + chunks_per_item);
     const int64_t m0 = rb * rows_per_block, m1 = std::min(size_m, m0 + rows_per_block);
@@ -147,7 +146,21 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
     }
 #endif
     cpu::w4a8_chunks_portable(p, ch0, ch1, m0, m1);
-  });
+  };
+#ifdef W4K_HAVE_A8_AVX512
+  bool amx_rows = false;
+#ifdef W4K_HAVE_AMX_PATH
+  amx_rows = cpu::a8_amx_applies(p, rows_per_block);
+#endif
+  if (avx512 && cpu::awq_pairs_apply(p, amx_rows)) {
+    // The AWQ chunk pairs (cpu/w4a8_gemm_avx512.h) give every path's bits: this event says
+    // they ran (tests).
+    RECORD_FUNCTION("w4kernels::awq_gemm_a8[unpack pairs]", std::vector<c10::IValue>());
+    cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+    return out;
+  }
+#endif
+  cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
   return out;
 }
 

@@ -312,63 +312,169 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
     epilogue_row_a8(c10, c11, c12, c13, sa[lds], sumqa[lds], sw, z, c + ldc);
 }
 
-// AWQ, 2 rows, a pair of chunks (one 64-byte line of each weight row) per pass: every line read
-// whole by one pass, where the one-chunk pass (awq_rows_a8) read half a line per pass and the
-// other half again in the next pass (from L2 at best: a block's 128 rows N / 2 bytes apart
-// share few L1 sets). 2 x 8 accumulators. sw2 / z2: the two chunks' scales and zero points in
-// panel order (64 + 64); c: the two chunks' fp32 sums (64 + 64 per row, row stride ldc).
-W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_2ch_a8(
+// ---- AWQ: chunk pairs decoded by byte unpacks ----
+//
+// Whether the AVX-512 path takes the AWQ chunk pairs (off the AMX tiles, not turned off).
+inline bool awq_pairs_apply(const W4a8Problem& p, bool amx) {
+  return p.format == A8Format::kAwq && !amx && awq_pairs_enabled();
+}
+//
+//
+// A quad's four 64-byte lines W0..W3 (rows k .. k + 3 of a chunk pair: 16 words, 128 columns)
+// become the dwords vpdpbusd takes (4 k-rows of one column) in two unpack stages: t0 / t1 =
+// unpacklo / hi_epi8(W0, W1) (per 128-bit lane l: words 4l, 4l + 1 / 4l + 2, 4l + 3 of the two
+// rows interleaved byte by byte), t2 / t3 the same of W2, W3, then u_i = unpacklo_epi16 (i even)
+// or unpackhi_epi16 (i odd) of t_{i / 2} and t_{2 + i / 2}: dword (l, d) of u_i holds byte d of
+// word 4l + i of the four rows. Its low nibbles (& 0x0f) are codes, its high nibbles (& 0xf0)
+// codes times 16, taken out of the exact int32 sums by an arithmetic shift before the
+// epilogue: the sums, and so the bits, are every path's. The zmm are the pair order of
+// AwqPairTables. 8 unpacks and 8 ands per 8 zmm of codes, one uop each, where the vpermt2b
+// decode (decode_awq_quad_regs) spends 2 vpermt2b (about 2 cycles each on a Sapphire Rapids
+// class Xeon, measured), 2 vinserti64x4, 2 shifts and 4 ands per 4 zmm.
+// Scales and zero points of group g for the chunk pair (ch, ch + 1), in pair order (128 each).
+W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g, int64_t ch,
+                                                 float* sw2, int32_t* z2) {
+  const AwqPairTables& t = awq_pair_tables();
+  const uint16_t* s_row = p.scales + g * p.size_n + 64 * ch;
+  const __m512i s0 = _mm512_loadu_si512(s_row), s1 = _mm512_loadu_si512(s_row + 32);
+  const __m512i s2 = _mm512_loadu_si512(s_row + 64), s3 = _mm512_loadu_si512(s_row + 96);
+  for (int m = 0; m < 4; ++m) {  // 32 positions: the first chunk's scale or the second's
+    const __m512i idx = _mm512_loadu_si512(t.scale_idx + 32 * m);
+    const __m512i v = _mm512_mask_mov_epi16(_mm512_permutex2var_epi16(s0, idx, s1),
+                                            t.scale_hi[m], _mm512_permutex2var_epi16(s2, idx, s3));
+    for (int hh = 0; hh < 2; ++hh) {
+      const __m256i h16 = hh ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v);
+      const __m512 f = p.type == HalfType::kFloat16
+                           ? _mm512_cvtph_ps(h16)
+                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h16), 16));
+      _mm512_storeu_ps(sw2 + 32 * m + 16 * hh, f);
+    }
+  }
+  const __m512i zw = p.zeros ? _mm512_loadu_si512(p.zeros + g * (p.size_n / 8) + 8 * ch)
+                             : _mm512_setzero_si512();
+  for (int j = 0; j < 8; ++j) {
+    __m512i zv = _mm512_set1_epi32(8);
+    if (p.zeros) {
+      const __m512i word = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.zp_word + 16 * j)));
+      const __m512i shift = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.zp_shift + 16 * j)));
+      zv = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(word, zw), shift),
+                            _mm512_set1_epi32(15));
+    }
+    _mm512_storeu_si512(z2 + 16 * j, zv);
+  }
+}
+
+// One pass over a block: kPart of kParts of kPairs chunk pairs (kPairs 64-byte lines of each
+// weight row), R rows, R x 8 kPairs / kParts accumulators; the fp32 sums c (pair order, row
+// stride ldc) take the pass's zmm. pf: the next block's lines into L2 as the quads go.
+template <int R, int kParts, int kPairs, int kPart>
+W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
+    const int32_t* words, int64_t ldq, int64_t nq, bool pf, int64_t ahead_words,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
+  constexpr int kZ = 8 / kParts, kE = kZ * kPairs;
+  static_assert(R * kE <= 16, "accumulators");
+  const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8(static_cast<char>(0xf0));
+  // Accumulator f = kE r + z (row r, code zmm z): 16 named ones, the unused ones dropped (an
+  // array of them GCC copied between registers and stored on every iteration). Each u_i's two
+  // code zmm are used as soon as they are made, so that few are live at once.
+#define W4K_A8_ACC16(X) \
+  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define W4K_A8_DECL(f) __m512i x##f = _mm512_setzero_si512();
+#define W4K_A8_DP(f)                                                              \
+  if constexpr (f < R * kE && f % kE / 2 == kStep)                                \
+    x##f = _mm512_dpbusd_epi32(x##f, f % 2 ? e_hi : e_lo,                         \
+                               _mm512_set1_epi32(*reinterpret_cast<const int32_t*>( \
+                                   qa + (f / kE) * lda_q + 4 * q)));
+  // code zmm 2 step, 2 step + 1: the low and high nibbles of u
+#define W4K_A8_STEP(step, u)                        \
+  {                                                 \
+    constexpr int kStep = step;                     \
+    const __m512i u_ = (u);                         \
+    const __m512i e_lo = _mm512_and_si512(u_, lo);  \
+    const __m512i e_hi = _mm512_and_si512(u_, hi);  \
+    W4K_A8_ACC16(W4K_A8_DP)                         \
+  }
+#define W4K_A8_EPI(f)                                                                       \
+  if constexpr (f < R * kE) {                                                               \
+    constexpr int r = f / kE, z = f % kE;                                                   \
+    constexpr int j = 8 * (z / kZ) + kZ * kPart + z % kZ; /* position group, pair order */  \
+    epilogue_one_a8(j % 2 ? _mm512_srai_epi32(x##f, 4) : x##f, j, sa[r * lds],               \
+                    sumqa[r * lds], sw2, z2, c + r * ldc);                                  \
+  } else {                                                                                  \
+    (void)x##f;                                                                             \
+  }
+  W4K_A8_ACC16(W4K_A8_DECL)
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (pf) prefetch_quad_rows(words, ldq, ahead_words, kPairs);
+    // chunk pair pr: its code zmm kZ pr .. kZ (pr + 1) - 1, steps kZ / 2 pr ..
+#define W4K_A8_PAIR(pr)                                                                         \
+  if constexpr (pr < kPairs) {                                                                  \
+    const int32_t* wp = words + 16 * pr;                                                        \
+    const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);              \
+    const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq); \
+    constexpr int s0 = kZ / 2 * pr;                                                             \
+    if constexpr (kParts == 1) {                                                                \
+      const __m512i t0 = _mm512_unpacklo_epi8(w0, w1), t2 = _mm512_unpacklo_epi8(w2, w3);      \
+      const __m512i t1 = _mm512_unpackhi_epi8(w0, w1), t3 = _mm512_unpackhi_epi8(w2, w3);      \
+      W4K_A8_STEP(s0, _mm512_unpacklo_epi16(t0, t2))                                            \
+      W4K_A8_STEP(s0 + 1, _mm512_unpackhi_epi16(t0, t2))                                        \
+      W4K_A8_STEP(s0 + 2, _mm512_unpacklo_epi16(t1, t3))                                        \
+      W4K_A8_STEP(s0 + 3, _mm512_unpackhi_epi16(t1, t3))                                        \
+    } else {                                                                                    \
+      constexpr int kI0 = kPart * 4 / kParts; /* the part's first u_i */                        \
+      const __m512i ta =                                                                        \
+          kI0 / 2 ? _mm512_unpackhi_epi8(w0, w1) : _mm512_unpacklo_epi8(w0, w1);                \
+      const __m512i tb =                                                                        \
+          kI0 / 2 ? _mm512_unpackhi_epi8(w2, w3) : _mm512_unpacklo_epi8(w2, w3);                \
+      if constexpr (kParts == 2) {                                                              \
+        W4K_A8_STEP(s0, _mm512_unpacklo_epi16(ta, tb))                                          \
+        W4K_A8_STEP(s0 + 1, _mm512_unpackhi_epi16(ta, tb))                                      \
+      } else {                                                                                  \
+        W4K_A8_STEP(s0, kI0 % 2 ? _mm512_unpackhi_epi16(ta, tb) : _mm512_unpacklo_epi16(ta, tb)) \
+      }                                                                                         \
+    }                                                                                           \
+  }
+    W4K_A8_PAIR(0)
+    W4K_A8_PAIR(1)
+#undef W4K_A8_PAIR
+  }
+  W4K_A8_ACC16(W4K_A8_EPI)
+#undef W4K_A8_EPI
+#undef W4K_A8_STEP
+#undef W4K_A8_DP
+#undef W4K_A8_DECL
+#undef W4K_A8_ACC16
+}
+
+// Passes of awq_pairs_a8 over a block: R x 8 kPairs / passes accumulators (at most 16).
+constexpr int awq_pair_passes(int R, int kPairs) { return R == 1 ? 1 : (R <= 2 ? 1 : 2) * kPairs; }
+
+// AWQ, R = 1..4 rows: one block of kPairs chunk pairs (kPairs contiguous 64-byte lines of each
+// weight row) in awq_pair_passes(R, kPairs) passes, the first reading the block's lines from
+// L2 and prefetching the next block's (ahead) into L2 as it goes, the others reading them from
+// L1 (128 rows x 64 kPairs bytes). Two pairs where the item has them: with one line per row
+// per pass the same kernel ran 0.75-0.85x as fast at M = 2..4 (2 threads, rotated weights).
+// Spreading the prefetches over all the passes of a block, or fetching two blocks ahead, was no
+// faster (0.84-1.0x at M = 2..8).
+// GCC 12's tree PRE kept a copy of some accumulators in zmm16-31 and moved them there and
+// back (and to the stack) on every iteration: off for these functions (read off the assembly:
+// none of that without it).
+template <int R, int kPairs>
+W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_pairs_a8(
     const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
     const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
-  static const AwqQuadIdx ix = awq_quad_idx();
-  W4K_A8_ZERO4(a00) W4K_A8_ZERO4(a01) W4K_A8_ZERO4(a10) W4K_A8_ZERO4(a11)
-  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 1);
-    const __m512i av0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
-    const __m512i av1 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + lda_q + 4 * q));
-#define W4K_A8_ROW(r, j) W4K_A8_DOT4(a##r##j, e[0], e[1], e[2], e[3], av##r)
-#define W4K_A8_CH(j)                                 \
-  {                                                  \
-    __m512i e[4];                                    \
-    decode_awq_quad_regs(words + 8 * j, ldq, ix, e); \
-    W4K_A8_ROW(0, j) W4K_A8_ROW(1, j)                \
-  }
-    W4K_A8_CH(0) W4K_A8_CH(1)
-#undef W4K_A8_CH
-#undef W4K_A8_ROW
-  }
-#define W4K_A8_EPI(r, j)                                                                \
-  epilogue_row_a8(a##r##j##0, a##r##j##1, a##r##j##2, a##r##j##3, sa[r * lds],          \
-                  sumqa[r * lds], sw2 + 64 * j, z2 + 64 * j, c + r * ldc + 64 * j);
-  W4K_A8_EPI(0, 0) W4K_A8_EPI(0, 1) W4K_A8_EPI(1, 0) W4K_A8_EPI(1, 1)
-#undef W4K_A8_EPI
-}
-
-// AWQ, one row, 4 chunks (256 columns: 128 contiguous bytes of each weight row) per pass:
-// each row's two lines are read once, 16 accumulators. sw4 / z4: the 4 chunks' scales and zero
-// points in panel order, 64 each; c: 4 x 64 fp32 sums.
-W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_row_4ch_a8(
-    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
-    const int8_t* qa, float sa, int32_t sumqa, const float* sw4, const int32_t* z4, float* c) {
-  static const AwqQuadIdx ix = awq_quad_idx();
-  W4K_A8_ZERO4(a0) W4K_A8_ZERO4(a1) W4K_A8_ZERO4(a2) W4K_A8_ZERO4(a3)
-  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, 2);
-    const __m512i av = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + 4 * q));
-#define W4K_A8_CH(j)                                       \
-  {                                                        \
-    __m512i e[4];                                          \
-    decode_awq_quad_regs(words + 8 * j, ldq, ix, e);       \
-    W4K_A8_DOT4(a##j, e[0], e[1], e[2], e[3], av)          \
-  }
-    W4K_A8_CH(0) W4K_A8_CH(1) W4K_A8_CH(2) W4K_A8_CH(3)
-#undef W4K_A8_CH
-  }
-  epilogue_row_a8(a00, a01, a02, a03, sa, sumqa, sw4, z4, c);
-  epilogue_row_a8(a10, a11, a12, a13, sa, sumqa, sw4 + 64, z4 + 64, c + 64);
-  epilogue_row_a8(a20, a21, a22, a23, sa, sumqa, sw4 + 128, z4 + 128, c + 128);
-  epilogue_row_a8(a30, a31, a32, a33, sa, sumqa, sw4 + 192, z4 + 192, c + 192);
+  static_assert(R >= 1 && R <= 4 && (kPairs == 1 || kPairs == 2));
+  constexpr int kParts = awq_pair_passes(R, kPairs);
+#define W4K_A8_PASS(part)                                                                   \
+  if constexpr (part < kParts)                                                              \
+    awq_pairs_pass<R, kParts, kPairs, part>(words, ldq, nq, ahead && part == 0, ahead_words, \
+                                            qa, lda_q, sa, sumqa, lds, sw2, z2, c, ldc);
+  W4K_A8_PASS(0) W4K_A8_PASS(1) W4K_A8_PASS(2) W4K_A8_PASS(3)
+#undef W4K_A8_PASS
 }
 
 // Marlin, two rows, half a chunk (words c = 4h .. 4h + 3 of every k-tile: panel zmm g = h and
@@ -473,6 +579,7 @@ W4K_A8_TARGET __attribute__((noinline)) void marlin_rows_h_a8(
 struct RowPrefetch {
   const char* base = nullptr;
   int64_t ld = 0, r0 = 0, nr = 0;
+  int lines = 1;  // consecutive lines per row
 };
 
 // The body shared by the register tiles below: R (<= 6) rows x 64 columns, 4R named int32
@@ -498,7 +605,7 @@ struct RowPrefetch {
   for (int64_t q = 0; q < nq; ++q, q0 += 4) {                                             \
     if (pf_row) /* pf.nr lines over nq quads, evenly (no division in the loop) */         \
       for (pf_due += pf.nr; pf_due >= nq; pf_due -= nq, pf_row += pf.ld)                  \
-        _mm_prefetch(pf_row, _MM_HINT_T1);                                                \
+        for (int l = 0; l < pf.lines; ++l) _mm_prefetch(pf_row + 64 * l, _MM_HINT_T1);     \
     W4K_A8_TILE_WEIGHTS                                                                   \
     W4K_A8_TILE_ROW(0) W4K_A8_TILE_ROW(1) W4K_A8_TILE_ROW(2)                              \
     W4K_A8_TILE_ROW(3) W4K_A8_TILE_ROW(4) W4K_A8_TILE_ROW(5)                              \
@@ -550,6 +657,53 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void tile_awq_a8(
               const __m512i w0 = e[0]; const __m512i w1 = e[1];
               const __m512i w2 = e[2]; const __m512i w3 = e[3];)
 }
+
+// One quad of kPairs AWQ chunk pairs for tile_awq_pairs_a8, decoded by byte unpacks as in
+// awq_pairs_pass but with the high nibbles shifted down (the panels hold codes, for tile_a8):
+// half pair h (zmm 4h .. 4h + 3 of the pair order) stored to panel + h panel_bytes, half pair
+// 0 also returned in e.
+template <int kPairs>
+W4K_A8_TARGET inline __attribute__((always_inline)) void decode_awq_pairs_quad(
+    const int32_t* words, int64_t ldq, uint8_t* panel, int64_t panel_bytes, __m512i e[4]) {
+  const __m512i lo = _mm512_set1_epi8(0x0f);
+#pragma GCC unroll 2
+  for (int pr = 0; pr < kPairs; ++pr) {
+    const int32_t* wp = words + 16 * pr;
+    const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);
+    const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq);
+    const __m512i t[4] = {_mm512_unpacklo_epi8(w0, w1), _mm512_unpackhi_epi8(w0, w1),
+                          _mm512_unpacklo_epi8(w2, w3), _mm512_unpackhi_epi8(w2, w3)};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {  // u_i: zmm 2i (low nibbles), 2i + 1 (high) of the pair order
+      const __m512i u = i % 2 ? _mm512_unpackhi_epi16(t[i / 2], t[2 + i / 2])
+                              : _mm512_unpacklo_epi16(t[i / 2], t[2 + i / 2]);
+      const __m512i c_lo = _mm512_and_si512(u, lo);
+      const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), lo);
+      uint8_t* dst = panel + (2 * pr + i / 2) * panel_bytes + 128 * (i % 2);
+      _mm512_storeu_si512(dst, c_lo);
+      _mm512_storeu_si512(dst + 64, c_hi);
+      if (pr == 0 && i < 2) {
+        e[2 * i] = c_lo;
+        e[2 * i + 1] = c_hi;
+      }
+    }
+  }
+}
+
+// AWQ, 5+ rows, kPairs chunk pairs (kPairs contiguous lines of each weight row): the first
+// tile decodes them (decode_awq_pairs_quad, panels of half pairs in pair order) and multiplies
+// half pair 0 in registers; tile_a8 runs the other tiles and half pairs over the panels.
+template <int R, int kPairs>
+W4K_A8_TARGET __attribute__((noinline)) void tile_awq_pairs_a8(
+    const int32_t* words, int64_t ldq, uint8_t* panel, int64_t panel_bytes, int64_t nq,
+    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
+    const float* sw, const int32_t* z, float* c, int64_t ldc, RowPrefetch pf) {
+  W4K_A8_TILE(__m512i e[4];
+              decode_awq_pairs_quad<kPairs>(words + 4 * q * ldq, ldq, panel + 256 * q,
+                                            panel_bytes, e);
+              const __m512i w0 = e[0]; const __m512i w1 = e[1];
+              const __m512i w2 = e[2]; const __m512i w3 = e[3];)
+}
 #undef W4K_A8_TILE
 #undef W4K_A8_TILE_ROW
 #undef W4K_A8_TILE_EPI
@@ -578,6 +732,10 @@ constexpr int64_t kA8AmxMinRowsMarlin = 16, kA8AmxMinRowsAwq = 64;
 inline int64_t a8_amx_min_rows(A8Format f) {
   const char* env = std::getenv("W4K_A8_AMX_ROWS");
   return env ? std::atoll(env) : f == A8Format::kMarlin ? kA8AmxMinRowsMarlin : kA8AmxMinRowsAwq;
+}
+// Whether a work item of `rows` rows runs on the AMX-INT8 tiles (blocks of 64 or 128).
+inline bool a8_amx_applies(const W4a8Problem& p, int64_t rows) {
+  return p.block % 64 == 0 && rows >= a8_amx_min_rows(p.format) && amx_int8_enabled();
 }
 
 // The zero points go into the weights first: the panel's codes q become q - z (signed bytes,
@@ -668,43 +826,114 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   thread_local std::vector<float> acc_buf, y_buf;
   thread_local std::vector<uint8_t> panel_buf;
   acc_buf.assign(rows * ldc, 0.0f);
-  y_buf.resize(64);
+  y_buf.resize(128);
   const bool awq = p.format == A8Format::kAwq;
   // Marlin: one chunk's panel at a time; AWQ: a pair of chunks (decoded row by row).
   const int64_t panel_bytes = std::max<int64_t>(p.block * 64, p.block / 16 * 1024);
-  panel_buf.resize((awq ? 2 : 1) * panel_bytes + 64);
+  panel_buf.resize((awq ? 4 : 1) * panel_bytes + 64);
   alignas(64) float sw[64];
   alignas(64) int32_t z[64];
   const int64_t nq = p.block / 4, ntiles = p.block / 16;
 #ifdef W4K_HAVE_AMX_PATH
-  const bool amx = p.block % 64 == 0 && rows >= a8_amx_min_rows(p.format) && amx_int8_enabled();
+  const bool amx = a8_amx_applies(p, rows);
   AmxTileScope amx_tiles(amx);
+#else
+  const bool amx = false;
 #endif
+  // AWQ off the AMX tiles: every chunk pair of the item decoded by byte unpacks, in registers
+  // (awq_pairs_a8, up to kA8AwqPairRows rows) or into panels for register tiles (more rows); an
+  // odd last chunk alone by the paths below. The pairs' sums are kept in pair order.
+  const bool pairs = awq_pairs_apply(p, amx);
+  uint8_t* panels = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(panel_buf.data()) + 63) & ~uintptr_t{63});
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
     for (int64_t ch = ch0; ch < ch1; ++ch) {
-      if (awq && rows == 1 && (ch - ch0) % 4 == 0 && ch + 4 <= ch1) {
-        alignas(64) float sw4[256];
-        alignas(64) int32_t z4[256];
-        for (int j = 0; j < 4; ++j) {
-          gather_scales_zeros_avx512(p, tb, g, ch + j, sw4 + 64 * j, z4 + 64 * j);
-          if (ahead) {
-            const int64_t gn = (k0 + p.block) / p.group_size;
-            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j)),
-                         _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + j) + 32),
-                         _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * (ch + j)),
-                         _MM_HINT_T0);
+      if (pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1) {
+        // two pairs at a time where the item has them: 128 contiguous bytes of each weight row
+        // per pass (one 64-byte line: 0.75-0.85x the speed at M = 2..4, 2 threads)
+        const int64_t np = (ch - ch0) % 4 == 0 && ch + 4 <= ch1 ? 2 : 1;
+        alignas(64) float sw2[256];
+        alignas(64) int32_t z2[256];
+        const int64_t gn = (k0 + p.block) / p.group_size;
+        for (int64_t j = 0; j < np; ++j) {
+          const int64_t cj = ch + 2 * j;
+          gather_awq_pair_avx512(p, g, cj, sw2 + 128 * j, z2 + 128 * j);
+          if (ahead) {  // the next block's 128 scales (4 lines) and 16 zero-point words
+            const char* sn = reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * cj);
+            for (int l = 0; l < 256; l += 64) _mm_prefetch(sn + l, _MM_HINT_T0);
+            if (p.zeros)
+              _mm_prefetch(reinterpret_cast<const char*>(p.zeros + gn * (p.size_n / 8) + 8 * cj),
+                           _MM_HINT_T0);
           }
         }
-        const int64_t ldq = p.size_n / 8;
-        awq_row_4ch_a8(p.qweight + k0 * ldq + 8 * ch, ldq, nq, ahead, p.block * ldq,
-                       p.qa + m0 * p.lda_q + k0, p.sa[m0 * p.num_blocks + b],
-                       p.sumqa[m0 * p.num_blocks + b], sw4, z4,
-                       acc_buf.data() + 64 * (ch - ch0));
-        ch += 3;
+        const int64_t ldq = p.size_n / 8, lds = p.num_blocks;
+        const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
+        if (rows <= kA8AwqPairRows) {
+          const int8_t* qa = p.qa + m0 * p.lda_q + k0;
+          const float* sa = p.sa + m0 * lds + b;
+          const int32_t* sq = p.sumqa + m0 * lds + b;
+          float* c = acc_buf.data() + 64 * (ch - ch0);
+#define W4K_A8_CASE(n)                                                                        \
+  case n:                                                                                     \
+    if (np == 2)                                                                              \
+      awq_pairs_a8<n, 2>(words, ldq, nq, ahead, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2, \
+                         z2, c, ldc);                                                         \
+    else                                                                                      \
+      awq_pairs_a8<n, 1>(words, ldq, nq, ahead, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2, \
+                         z2, c, ldc);                                                         \
+    break;
+          switch (rows) {
+            W4K_A8_CASE(1) W4K_A8_CASE(2) W4K_A8_CASE(3) W4K_A8_CASE(4)
+            default: break;
+          }
+#undef W4K_A8_CASE
+          ch += 2 * np - 1;
+          continue;
+        }
+        // More rows: row tiles of at most kA8TileRows (3..6 rows each) over the half pairs, the
+        // first decoding (tile_awq_pairs_a8) into panels; the next block's lines prefetched
+        // spread over the tiles. (At 5-8 rows, two row groups of 3-4 in awq_pairs_a8 instead:
+        // the same speed within the noise, 2 threads.)
+        const int64_t row_tiles = (rows + kA8TileRows - 1) / kA8TileRows;
+        const int64_t calls = row_tiles * 2 * np;
+        for (int64_t hp = 0, call = 0; hp < 2 * np; ++hp) {
+          for (int64_t t = 0, r = 0; t < row_tiles; ++t, ++call) {
+            const int64_t n = (rows - r) / (row_tiles - t);
+            RowPrefetch pf;
+            if (ahead) {
+              pf.base = reinterpret_cast<const char*>(words + p.block * ldq);
+              pf.ld = p.size_n / 2;
+              pf.r0 = call * p.block / calls;
+              pf.nr = (call + 1) * p.block / calls - pf.r0;
+              pf.lines = static_cast<int>(np);
+            }
+            const int8_t* qr = p.qa + (m0 + r) * p.lda_q + k0;
+            const float* sr = p.sa + (m0 + r) * lds + b;
+            const int32_t* sqr = p.sumqa + (m0 + r) * lds + b;
+            float* cr = acc_buf.data() + r * ldc + 64 * (ch - ch0) + 64 * hp;
+#define W4K_A8_CASE(n)                                                                        \
+  case n:                                                                                     \
+    if (hp > 0 || t > 0)                                                                      \
+      tile_a8<n>(panels + hp * panel_bytes, nq, qr, p.lda_q, sr, sqr, lds, sw2 + 64 * hp,     \
+                 z2 + 64 * hp, cr, ldc, pf);                                                  \
+    else if (np == 2)                                                                         \
+      tile_awq_pairs_a8<n, 2>(words, ldq, panels, panel_bytes, nq, qr, p.lda_q, sr, sqr, lds, \
+                              sw2, z2, cr, ldc, pf);                                          \
+    else                                                                                      \
+      tile_awq_pairs_a8<n, 1>(words, ldq, panels, panel_bytes, nq, qr, p.lda_q, sr, sqr, lds, \
+                              sw2, z2, cr, ldc, pf);                                          \
+    break;
+            switch (n) {  // more than 4 rows: n = rows / ceil(rows / 6) >= 3
+              W4K_A8_CASE(6) W4K_A8_CASE(5) W4K_A8_CASE(4) W4K_A8_CASE(3)
+              default: break;
+            }
+#undef W4K_A8_CASE
+            r += n;
+          }
+        }
+        ch += 2 * np - 1;
         continue;
       }
       // AWQ panels: a pair of chunks (one 64-byte line per row), decoded by the pair's first
@@ -736,25 +965,6 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         continue;
       }
 #endif
-      // AWQ, 2 rows: a pair of chunks per pass (awq_rows_2ch_a8); an odd last chunk alone.
-      if (awq && rows == 2 && ch + 2 <= ch1) {
-        alignas(64) float sw2[128];
-        alignas(64) int32_t z2[128];
-        std::copy(sw, sw + 64, sw2);
-        std::copy(z, z + 64, z2);
-        gather_scales_zeros_avx512(p, tb, g, ch + 1, sw2 + 64, z2 + 64);
-        if (ahead) {
-          const int64_t gn = (k0 + p.block) / p.group_size;
-          const char* sn = reinterpret_cast<const char*>(p.scales + gn * p.size_n + 64 * (ch + 1));
-          _mm_prefetch(sn, _MM_HINT_T0);
-          _mm_prefetch(sn + 64, _MM_HINT_T0);
-        }
-        const int64_t ldq = p.size_n / 8;
-        awq_rows_2ch_a8(p.qweight + k0 * ldq + 8 * ch, ldq, nq, ahead, p.block * ldq, qa,
-                        p.lda_q, sa, sq, p.num_blocks, sw2, z2, c, ldc);
-        ++ch;
-        continue;
-      }
       if (awq && rows <= kA8AwqRegRows) {
         const int64_t ldq = p.size_n / 8;
         const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
@@ -860,9 +1070,26 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   __m512i idx[4];
   for (int o = 0; o < 4; ++o)
     idx[o] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.pos + 16 * o)));
+  const AwqPairTables& pt = awq_pair_tables();
   for (int64_t m = m0; m < m1; ++m) {
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       const float* c = acc_buf.data() + (m - m0) * ldc + 64 * (ch - ch0);
+      if (pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1) {  // a pair's 128 sums, pair order
+        for (int o = 0; o < 8; ++o) {
+          const float* h = c + 64 * (o % 2);
+          const __m512i ix = _mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(pt.out_idx[o])));
+          const __m512 lo = _mm512_permutex2var_ps(_mm512_loadu_ps(h), ix, _mm512_loadu_ps(h + 16));
+          const __m512 hi =
+              _mm512_permutex2var_ps(_mm512_loadu_ps(h + 32), ix, _mm512_loadu_ps(h + 48));
+          __m512 y = _mm512_mask_mov_ps(lo, _mm512_cmpge_epi32_mask(ix, _mm512_set1_epi32(32)), hi);
+          if (p.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(p.bias + 64 * ch + 16 * o));
+          _mm512_storeu_ps(y_buf.data() + 16 * o, y);
+        }
+        narrow_c_row(y_buf.data(), 128, p.type, true, p.out + m * p.size_n + 64 * ch);
+        ++ch;
+        continue;
+      }
       const __m512 c0 = _mm512_loadu_ps(c), c1 = _mm512_loadu_ps(c + 16);
       const __m512 c2 = _mm512_loadu_ps(c + 32), c3 = _mm512_loadu_ps(c + 48);
       for (int o = 0; o < 4; ++o) {

@@ -42,12 +42,16 @@
 //   decode, decode_marlin_words_shuf); 3-16 rows (marlin_rows_h_a8, row groups of at most 8)
 //   decode half a chunk (32 columns) at a time for all rows of a group; more rows decode an L1
 //   panel per (block, chunk) and run 6-row x 64-column tiles (tile_a8).
-// * AWQ: per quad, one vpermt2b per output zmm gathers byte 4w + b of the 4 rows (held in two
-//   zmm) into a dword, then the low or high nibble is kept (decode_awq_quad_regs): dword = rows
-//   (k, k + 1, k + 2, k + 3) of one column, natural k order; 14 instructions per 256 weights.
-//   1 row: 4 chunks per pass (awq_row_4ch_a8); 2-4 rows: a pair of chunks (one 64-byte line
-//   per weight row) per pass of 1-2 rows (awq_rows_2ch_a8; an odd last chunk: awq_rows_a8);
-//   more rows: L1 panels of a pair of chunks (decode_awq_panels) and tile_a8.
+// * AWQ: a chunk pair (one 64-byte line of each AutoAWQ row, 128 columns) per quad: two stages
+//   of in-lane byte / word unpacks of the 4 rows' lines give dwords (k, k + 1, k + 2, k + 3)
+//   of one column, and & 0x0f / & 0xf0 the low / high nibbles (the latter 16 times the code,
+//   taken out of the exact int32 sum by a shift): 16 instructions per 8 zmm, in the "pair
+//   order" of AwqPairTables. 1-4 rows: two pairs (128 contiguous bytes of each row) per block
+//   in registers, in 1-4 passes (awq_pairs_a8); more rows: the first register tile decodes
+//   into L1 panels of half pairs (tile_awq_pairs_a8), tile_a8 runs the others. An odd last
+//   chunk, and every chunk under W4K_A8_AWQ_PAIRS=0: one vpermt2b per output zmm gathers byte
+//   4w + b of the 4 rows (held in two zmm) into a dword, then the low or high nibble is kept
+//   (decode_awq_quad_regs, chunk panel order; awq_rows_a8 at 1-2 rows, tile_awq_a8 above).
 //
 // Portable path: the same activation quantization in scalar C++ and, per output, the same
 // integer sums and the same fp32 epilogue.
@@ -56,6 +60,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -106,6 +111,15 @@ constexpr int64_t kA8FewRows = 4;
 // once by its first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with
 // two register passes; 2 rows 15-20 % slower).
 constexpr int64_t kA8AwqRegRows = 2;
+// AWQ on the AVX-512 path (off the AMX tiles): chunk pairs decoded by byte unpacks, up to this
+// many rows in registers (awq_pairs_a8), with more into L1 panels for the register tiles
+// (tile_awq_pairs_a8). W4K_A8_AWQ_PAIRS=0 turns the pairs off (tests): every chunk then takes
+// the vpermt2b decode, as an odd last chunk of an item always does.
+constexpr int64_t kA8AwqPairRows = 4;
+inline bool awq_pairs_enabled() {
+  const char* env = std::getenv("W4K_A8_AWQ_PAIRS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
 // Marlin with 3 .. this many rows: half a chunk at a time, decoded in registers for all rows
 // of a row group (at most 8); AWQ up to this many rows: items of 8 chunks.
 constexpr int64_t kA8GroupRows = 16;
@@ -159,6 +173,44 @@ struct PanelTables {
 inline const PanelTables& panel_tables(A8Format f) {
   static const PanelTables marlin(A8Format::kMarlin), awq(A8Format::kAwq);
   return f == A8Format::kMarlin ? marlin : awq;
+}
+
+// AWQ, the AVX-512 path at few rows (awq_pairs_a8): a chunk pair (one 64-byte line of each
+// AutoAWQ row, 16 words = 128 columns) decoded by byte unpacks into 8 zmm in "pair order":
+// position p = 16 j + 4 l + d, zmm j = 2 i + h, holds the column of nibble 2 d + h of word
+// 4 l + i (l: the 128-bit lane, i: which of its 4 words, d: the byte, h: low or high nibble),
+// i.e. column 8 (4 l + i) + AWQ order[2 d + h]; zero points are packed the same way, so a
+// zero point sits at that same nibble of its word.
+struct AwqPairTables {
+  int16_t scale_idx[128];  // p -> its column n mod 64 (an index into the half pair's 64 scales)
+  uint32_t scale_hi[4];    // bit r of word m: position 32 m + r is in the second chunk (n >= 64)
+  int8_t zp_word[128];     // p -> word 4 l + i of the pair's 16 zero-point words
+  int8_t zp_shift[128];    // ... and the bit offset 4 (2 d + h) of its nibble
+  int8_t out_idx[8][16];   // natural columns 16 o + r <- position (among the 64 floats from
+                           // 64 (o % 2)) of the pair's fp32 sums; o even reads zmm 0-3, odd 4-7
+
+  AwqPairTables() {
+    static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    int pos[128];
+    for (int m = 0; m < 4; ++m) scale_hi[m] = 0;
+    for (int p = 0; p < 128; ++p) {
+      const int j = p / 16, l = p % 16 / 4, d = p % 4, i = j / 2, h = j % 2;
+      const int w = 4 * l + i, n = 8 * w + kAwqOrder[2 * d + h];
+      pos[n] = p;
+      scale_idx[p] = static_cast<int16_t>(n % 64);
+      if (n >= 64) scale_hi[p / 32] |= 1u << (p % 32);
+      zp_word[p] = static_cast<int8_t>(w);
+      zp_shift[p] = static_cast<int8_t>(4 * (2 * d + h));
+    }
+    for (int o = 0; o < 8; ++o)
+      for (int r = 0; r < 16; ++r)
+        out_idx[o][r] = static_cast<int8_t>(pos[16 * o + r] - 64 * (o % 2));
+  }
+};
+
+inline const AwqPairTables& awq_pair_tables() {
+  static const AwqPairTables t;
+  return t;
 }
 
 // Source column of a (before act-order) for position k' of the quantized row.
