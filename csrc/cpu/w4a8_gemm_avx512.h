@@ -175,6 +175,16 @@ W4K_A8_TARGET inline void decode_panel(const W4a8Problem& p, int64_t k0, int64_t
   }
 }
 
+// 16 zero points from the zero-point words zw (one zmm): the nibble at bit shift[i] of word
+// word[i] (tables of a panel or pair order).
+W4K_A8_TARGET inline __m512i zero_points16(__m512i zw, const int8_t* word, const int8_t* shift) {
+  const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(word)));
+  const __m512i sh =
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(shift)));
+  return _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(w, zw), sh),
+                          _mm512_set1_epi32(15));
+}
+
 // Scales and zero points of group g, chunk ch, in panel order (vector gathers of the 64).
 W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const PanelTables& tb,
                                                      int64_t g, int64_t ch, float* sw, int32_t* z) {
@@ -202,16 +212,9 @@ W4K_A8_TARGET inline void gather_scales_zeros_avx512(const W4a8Problem& p, const
                          ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits))
                          : _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
     _mm512_storeu_ps(sw + 16 * q, f);
-    __m512i zv = _mm512_set1_epi32(8);
-    if (z_words) {
-      const __m512i word_idx = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_word + 16 * q)));
-      const __m512i shift = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.zp_shift + 16 * q)));
-      zv = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(word_idx, zw), shift),
-                            _mm512_set1_epi32(15));
-    }
-    _mm512_storeu_si512(z + 16 * q, zv);
+    _mm512_storeu_si512(z + 16 * q, z_words ? zero_points16(zw, tb.zp_word + 16 * q,
+                                                           tb.zp_shift + 16 * q)
+                                            : _mm512_set1_epi32(8));
   }
 }
 
@@ -352,18 +355,10 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
   }
   const __m512i zw = p.zeros ? _mm512_loadu_si512(p.zeros + g * (p.size_n / 8) + 8 * ch)
                              : _mm512_setzero_si512();
-  for (int j = 0; j < 8; ++j) {
-    __m512i zv = _mm512_set1_epi32(8);
-    if (p.zeros) {
-      const __m512i word = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.zp_word + 16 * j)));
-      const __m512i shift = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.zp_shift + 16 * j)));
-      zv = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(word, zw), shift),
-                            _mm512_set1_epi32(15));
-    }
-    _mm512_storeu_si512(z2 + 16 * j, zv);
-  }
+  for (int j = 0; j < 8; ++j)
+    _mm512_storeu_si512(z2 + 16 * j, p.zeros ? zero_points16(zw, t.zp_word + 16 * j,
+                                                             t.zp_shift + 16 * j)
+                                             : _mm512_set1_epi32(8));
 }
 
 // One pass over a block: kPart of kParts of kPairs chunk pairs (kPairs 64-byte lines of each
