@@ -260,7 +260,8 @@ PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP)]
 @pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512_vnni", "avx512vbmi"} <= cpu_flags(),
                     reason="this CPU has no AVX-512 VNNI with VBMI: awq_gemm_a8 runs its AVX2 or "
                            "portable path, which the other tests cover")
-@pytest.mark.parametrize("shape", PAIR_SHAPES, ids=[f"k{s[0]}-n{s[1]}-g{s[2]}" for s in PAIR_SHAPES])
+@pytest.mark.parametrize("shape", PAIR_SHAPES,
+                         ids=[f"k{s[0]}-n{s[1]}-g{s[2]}" for s in PAIR_SHAPES])
 def test_awq_gemm_a8_unpack_pairs_m_sweep(shape):
     """AWQ on AVX-512 decodes chunk pairs by byte unpacks (1-4 rows in registers, in 1-4 passes,
     two pairs at a time where an item has four chunks; more rows: L1 panels of half pairs and

@@ -317,12 +317,6 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
 
 // ---- AWQ: chunk pairs decoded by byte unpacks ----
 //
-// Whether the AVX-512 path takes the AWQ chunk pairs (off the AMX tiles, not turned off).
-inline bool awq_pairs_apply(const W4a8Problem& p, bool amx) {
-  return p.format == A8Format::kAwq && !amx && awq_pairs_enabled();
-}
-//
-//
 // A quad's four 64-byte lines W0..W3 (rows k .. k + 3 of a chunk pair: 16 words, 128 columns)
 // become the dwords vpdpbusd takes (4 k-rows of one column) in two unpack stages: t0 / t1 =
 // unpacklo / hi_epi8(W0, W1) (per 128-bit lane l: words 4l, 4l + 1 / 4l + 2, 4l + 3 of the two
@@ -334,6 +328,12 @@ inline bool awq_pairs_apply(const W4a8Problem& p, bool amx) {
 // AwqPairTables. 8 unpacks and 8 ands per 8 zmm of codes, one uop each, where the vpermt2b
 // decode (decode_awq_quad_regs) spends 2 vpermt2b (about 2 cycles each on a Sapphire Rapids
 // class Xeon, measured), 2 vinserti64x4, 2 shifts and 4 ands per 4 zmm.
+
+// Whether the AVX-512 path takes the AWQ chunk pairs (off the AMX tiles, not turned off).
+inline bool awq_pairs_apply(const W4a8Problem& p, bool amx) {
+  return p.format == A8Format::kAwq && !amx && awq_pairs_enabled();
+}
+
 // Scales and zero points of group g for the chunk pair (ch, ch + 1), in pair order (128 each).
 W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g, int64_t ch,
                                                  float* sw2, int32_t* z2) {
@@ -361,9 +361,10 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
                                              : _mm512_set1_epi32(8));
 }
 
-// One pass over a block: kPart of kParts of kPairs chunk pairs (kPairs 64-byte lines of each
-// weight row), R rows, R x 8 kPairs / kParts accumulators; the fp32 sums c (pair order, row
-// stride ldc) take the pass's zmm. pf: the next block's lines into L2 as the quads go.
+// One pass over a block: part kPart of kParts of kPairs chunk pairs (kPairs 64-byte lines of
+// each weight row; a part is the zmm 8 kPart / kParts .. 8 (kPart + 1) / kParts - 1 of each
+// pair's pair order), R rows, R x 8 kPairs / kParts accumulators; the fp32 sums c (pair order,
+// row stride ldc) take the pass's zmm. pf: the next block's lines into L2 as the quads go.
 template <int R, int kParts, int kPairs, int kPart>
 W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
     const int32_t* words, int64_t ldq, int64_t nq, bool pf, int64_t ahead_words,
