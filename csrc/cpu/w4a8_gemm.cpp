@@ -14,7 +14,6 @@
 #include "cpu/isa.h"
 #include "cpu/w4a16_gemm_work_queue.h"
 #include "cpu/w4a8_gemm_avx2.h"
-#include "cpu/w4a8_gemm_amx_t.h"
 #include "cpu/w4a8_gemm_avx512.h"
 #include "cpu/w4a8_gemm_kernel.h"
 #include "w4a8_checks.h"
@@ -78,26 +77,6 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
                            const_cast<int32_t*>(p.sumqa) + m * p.num_blocks, scratch.data());
   });
 
-#ifdef W4K_HAVE_AMX_PATH
-  // AWQ at few rows on AMX-INT8 with the weights as the A operand (cpu/w4a8_gemm_amx_t.h): qa
-  // as B tiles once per call, then work items of 4 lines (512 columns) x every row.
-  if (avx512 && cpu::a8t_applies(p)) {
-    RECORD_FUNCTION("w4kernels::awq_gemm_a8[amx weights as A]", std::vector<c10::IValue>());
-    const auto qt = cpu::make_uninit64<uint32_t>(cpu::a8t_qa_dwords(p));
-    cpu::WorkQueue::instance().run(cpu::a8t_row_blocks(size_m), threads,
-                                   [&](int64_t rb) { cpu::a8t_qa_tiles(p, rb, qt.get()); });
-    const int64_t cols = cpu::kA8TItemLines * cpu::kA8TLine;
-    const int64_t floats = cpu::a8t_scratch_floats(size_m);
-    cpu::WorkQueue::instance().run((size_n + cols - 1) / cols, threads, [&](int64_t c) {
-      thread_local std::vector<float> buf;
-      if (static_cast<int64_t>(buf.size()) < floats + 16) buf.resize(floats + 16);
-      float* scratch = reinterpret_cast<float*>(
-          (reinterpret_cast<uintptr_t>(buf.data()) + 63) / 64 * 64);
-      cpu::a8t_chunk(p, qt.get(), c * cols, std::min(size_n, (c + 1) * cols), scratch);
-    });
-    return out;
-  }
-#endif
   // Items: (row block, group of 64-column chunks). Chunk groups are even (AWQ: a 64-byte line
   // holds 2 chunks of a row); rows are split only when there are too few chunk groups, and then
   // into blocks of >= 48 rows (each row block decodes the weights again).
@@ -109,17 +88,15 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   const int64_t items_per_thread = size_m <= cpu::kA8FewRows ? 2 : 4;
   int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (2 * items_per_thread * threads));
   chunks_per_item += chunks_per_item % 2;
+  // AWQ: items of 8 chunks up to 16 rows, 256 contiguous bytes of each row per block (AWQ rows
+  // are N/2 bytes apart: one line per row per item means a page per line, a TLB miss each at
+  // N = 11008; 8 chunks: 10-15 % faster at M = 8, 16 there), decoded two pairs at a time; more
+  // rows 4 (on the AMX-INT8 tiles 1.03-1.14x the speed of 2 at M = 24, level at 48-128; the
+  // register tiles level).
+  if (p.format == cpu::A8Format::kAwq) chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 4;
   // Large M: keep an item's fp32 accumulators (rows x 64 x chunks floats) within ~256 KiB.
   while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
     chunks_per_item -= 2;
-  // AWQ, 5+ rows: the item's chunks are decoded a pair at a time into L1 panels (block x 64
-  // bytes each: one 64-byte line per row). Up to 16 rows an item takes 8 chunks, 256 contiguous
-  // bytes of each row per block (AWQ rows are N/2 bytes apart: one line per row per item means a
-  // page per line, a TLB miss each at N = 11008; 8 chunks: 10-15 % faster at M = 8, 16 there);
-  // more rows keep 2 (accumulator size; not re-measured). With 1-4 rows it decodes in
-  // registers, chunk by chunk: 8 chunks.
-  if (p.format == cpu::A8Format::kAwq)
-    chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 2;
   const int64_t col_items = (num_chunks + chunks_per_item - 1) / chunks_per_item;
   int64_t row_blocks = 1;
   if (col_items < 4 * threads)
@@ -148,11 +125,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
     cpu::w4a8_chunks_portable(p, ch0, ch1, m0, m1);
   };
 #ifdef W4K_HAVE_A8_AVX512
-  bool amx_rows = false;
-#ifdef W4K_HAVE_AMX_PATH
-  amx_rows = cpu::a8_amx_applies(p, rows_per_block);
-#endif
-  if (avx512 && cpu::awq_pairs_apply(p, amx_rows)) {
+  if (avx512 && cpu::awq_pairs_apply(p)) {
     // The AWQ chunk pairs (cpu/w4a8_gemm_avx512.h) give every path's bits: this event says
     // they ran (tests).
     RECORD_FUNCTION("w4kernels::awq_gemm_a8[unpack pairs]", std::vector<c10::IValue>());

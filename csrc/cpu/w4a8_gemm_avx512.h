@@ -329,9 +329,9 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void awq_rows_a8(
 // decode (decode_awq_quad_regs) spends 2 vpermt2b (about 2 cycles each on a Sapphire Rapids
 // class Xeon, measured), 2 vinserti64x4, 2 shifts and 4 ands per 4 zmm.
 
-// Whether the AVX-512 path takes the AWQ chunk pairs (off the AMX tiles, not turned off).
-inline bool awq_pairs_apply(const W4a8Problem& p, bool amx) {
-  return p.format == A8Format::kAwq && !amx && awq_pairs_enabled();
+// Whether the AVX-512 path takes the AWQ chunk pairs (AWQ, not turned off).
+inline bool awq_pairs_apply(const W4a8Problem& p) {
+  return p.format == A8Format::kAwq && awq_pairs_enabled();
 }
 
 // Scales and zero points of group g for the chunk pair (ch, ch + 1), in pair order (128 each).
@@ -723,8 +723,16 @@ constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulat
 // and 1.57 / 2.29, M = 32 4.88 / 6.95, M = 64 7.60 / 11.9, M = 256 27.5 / 41.9 and 12.3 /
 // 16.2; AWQ (which loses its decode fused into the first register tile) M = 16 5.11 / 4.77 and
 // 2.29 / 2.21, M = 32 7.17 / 7.21 and 3.14 / 3.09, M = 64 9.92 / 13.3 and 4.50 / 5.48, M = 256
-// 29.3 / 46.4 and 12.7 / 15.8. W4K_A8_AMX_ROWS overrides both.
-constexpr int64_t kA8AmxMinRowsMarlin = 16, kA8AmxMinRowsAwq = 64;
+// 29.3 / 46.4 and 12.7 / 15.8. AWQ since its chunk pairs decode by byte unpacks (2026-11-28,
+// 2 threads, rotated, medians of 7-9 calls alternating in one process, tiles / AMX ms on
+// 11008 x 4096, 4096 x 11008, 4096 x 4096): M = 8 2.96 / 3.30, 3.35 / 3.50, 1.53 / 1.61; M = 12
+// 3.75 / 3.51, 3.78 / 3.49, 1.75 / 1.57; M = 16 4.09 / 3.71, 4.00 / 3.29, 1.93 / 1.79; M = 64
+// 11.0 / 6.60, 12.8 / 7.75, 4.86 / 3.17 (and 1.13-1.31x the weights-as-A tiles of
+// w4a8_gemm_amx_t.h, removed: at M = 12-256 they were never faster). Marlin at M = 12 / 14,
+// same protocol: 3.66 / 3.67 and 3.94 / 3.30, 4.26 / 3.99 and 4.81 / 4.10, 1.81 / 1.82 and
+// 2.08 / 1.84 (M = 8-10: the register tiles 0.98-1.26x the speed). W4K_A8_AMX_ROWS overrides
+// both.
+constexpr int64_t kA8AmxMinRowsMarlin = 14, kA8AmxMinRowsAwq = 12;
 inline int64_t a8_amx_min_rows(A8Format f) {
   const char* env = std::getenv("W4K_A8_AMX_ROWS");
   return env ? std::atoll(env) : f == A8Format::kMarlin ? kA8AmxMinRowsMarlin : kA8AmxMinRowsAwq;
@@ -801,6 +809,20 @@ __attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const 
   }
 }
 
+// AWQ on the AMX-INT8 tiles: the panels of kPairs chunk pairs (half pairs, pair order, as
+// tile_awq_pairs_a8 writes them), decoded alone by byte unpacks; the next block's lines
+// (ahead) prefetched into L2 as it goes.
+template <int kPairs>
+W4K_A8_TARGET __attribute__((noinline)) void decode_awq_pairs_panels(
+    const int32_t* words, int64_t ldq, int64_t nq, bool ahead, int64_t ahead_words,
+    uint8_t* panels, int64_t panel_bytes) {
+  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
+    if (ahead) prefetch_quad_rows(words, ldq, ahead_words, kPairs);
+    __m512i e[4];
+    decode_awq_pairs_quad<kPairs>(words, ldq, panels + 256 * q, panel_bytes, e);
+  }
+}
+
 // AWQ: the panels of a chunk pair (chunk 1's only if panel1), decoded alone (no register tile).
 W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_pair_panels(
     const int32_t* words, int64_t ldq, int64_t nq, uint8_t* panel0, uint8_t* panel1) {
@@ -836,10 +858,10 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
 #else
   const bool amx = false;
 #endif
-  // AWQ off the AMX tiles: every chunk pair of the item decoded by byte unpacks, in registers
-  // (awq_pairs_a8, up to kA8AwqPairRows rows) or into panels for register tiles (more rows); an
+  // AWQ: every chunk pair of the item decoded by byte unpacks, in registers (awq_pairs_a8, up to
+  // kA8AwqPairRows rows) or into panels for register tiles (more rows) or the AMX-INT8 tiles; an
   // odd last chunk alone by the paths below. The pairs' sums are kept in pair order.
-  const bool pairs = awq_pairs_apply(p, amx);
+  const bool pairs = awq_pairs_apply(p);
   uint8_t* panels = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(panel_buf.data()) + 63) & ~uintptr_t{63});
   for (int64_t b = 0; b < p.num_blocks; ++b) {
@@ -866,6 +888,20 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
         }
         const int64_t ldq = p.size_n / 8, lds = p.num_blocks;
         const int32_t* words = p.qweight + k0 * ldq + 8 * ch;
+#ifdef W4K_HAVE_AMX_PATH
+        if (amx) {  // the pairs' panels, then the tiles per half pair
+          if (np == 2)
+            decode_awq_pairs_panels<2>(words, ldq, nq, ahead, p.block * ldq, panels, panel_bytes);
+          else
+            decode_awq_pairs_panels<1>(words, ldq, nq, ahead, p.block * ldq, panels, panel_bytes);
+          for (int64_t hp = 0; hp < 2 * np; ++hp)
+            amx_a8_rows(panels + hp * panel_bytes, p.block, p.qa + m0 * p.lda_q + k0, p.lda_q,
+                        p.sa + m0 * lds + b, lds, sw2 + 64 * hp, z2 + 64 * hp,
+                        acc_buf.data() + 64 * (ch - ch0) + 64 * hp, ldc, rows);
+          ch += 2 * np - 1;
+          continue;
+        }
+#endif
         if (rows <= kA8AwqPairRows) {
           const int8_t* qa = p.qa + m0 * p.lda_q + k0;
           const float* sa = p.sa + m0 * lds + b;
