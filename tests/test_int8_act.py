@@ -422,6 +422,31 @@ def test_zero_and_nonfinite_blocks():
     assert (ops.w4a8_gemm(*args)[0] == 0).all()
 
 
+@pytest.mark.parametrize("m", [3, 8, 16])
+def test_awq_nonfinite_inputs_every_path(m):
+    """awq_gemm_a8 on hostile inputs, at the row counts of its AVX-512 paths (the chunk pairs in
+    registers, the register tiles, the AMX-INT8 tiles where the CPU has them): an all-zero block,
+    an inf and a NaN activation, a NaN and an inf scale (in a pair's high-nibble column and in the
+    odd last chunk): the same bits on every path (NaNs included), the reference's NaN pattern."""
+    args, _, _, _ = awq_case(m, 512, 320, 128, BF, seed=m)
+    x, s = args[0].clone(), args[2].clone()
+    x[0, :128] = 0
+    x[1, 7] = float("inf")
+    x[2, 300] = float("nan")
+    s[1, 2] = float("nan")    # column 2: a high nibble of word 0 (AutoAWQ order)
+    s[0, 300] = float("inf")  # the fifth chunk: the item's odd last chunk
+    args = [x, args[1], s, args[3]]
+    out = ops.awq_gemm_a8(*args)
+    with _env_var("W4K_A8_AWQ_PAIRS", "0"):
+        assert torch.equal(_bits(ops.awq_gemm_a8(*args)), _bits(out))
+    with cpu_isa("scalar"):
+        assert torch.equal(_bits(ops.awq_gemm_a8(*args)), _bits(out))
+    ref = reference.awq_gemm_a8(*args)
+    assert torch.equal(ref.isnan(), out.isnan())
+    assert out[1:3].isnan().all() and out[:, 2].isnan().all()
+    assert out[0].isfinite().sum() == 318 and out[3:, :2].isfinite().all()
+
+
 def test_measured_error_next_to_the_exact_path():
     """The int8 mode's error against float64 is a few times the exact path's (bf16 output
     rounding), not more: README "int8-activation mode" quotes these ratios."""
