@@ -334,6 +334,16 @@ inline bool awq_pairs_apply(const W4a8Problem& p) {
   return p.format == A8Format::kAwq && awq_pairs_enabled();
 }
 
+// u_kI of a quad's four lines w0..w3 (above). Callers take several u_i of the same lines; the
+// t stage they share is computed once (the compiler merges the identical unpacks).
+template <int kI>
+W4K_A8_TARGET inline __attribute__((always_inline)) __m512i awq_pair_u(__m512i w0, __m512i w1,
+                                                                      __m512i w2, __m512i w3) {
+  const __m512i ta = kI / 2 ? _mm512_unpackhi_epi8(w0, w1) : _mm512_unpacklo_epi8(w0, w1);
+  const __m512i tb = kI / 2 ? _mm512_unpackhi_epi8(w2, w3) : _mm512_unpacklo_epi8(w2, w3);
+  return kI % 2 ? _mm512_unpackhi_epi16(ta, tb) : _mm512_unpacklo_epi16(ta, tb);
+}
+
 // Scales and zero points of group g for the chunk pair (ch, ch + 1), in pair order (128 each).
 W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g, int64_t ch,
                                                  float* sw2, int32_t* z2) {
@@ -411,26 +421,13 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
     const int32_t* wp = words + 16 * pr;                                                        \
     const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);              \
     const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq); \
-    constexpr int s0 = kZ / 2 * pr;                                                             \
+    /* the part's u_i: 4 / kParts of them from kI0 */                                           \
+    constexpr int s0 = kZ / 2 * pr, kI0 = kPart * 4 / kParts;                                   \
+    W4K_A8_STEP(s0, (awq_pair_u<kI0>(w0, w1, w2, w3)))                                          \
+    if constexpr (kParts <= 2) W4K_A8_STEP(s0 + 1, (awq_pair_u<kI0 + 1>(w0, w1, w2, w3)))      \
     if constexpr (kParts == 1) {                                                                \
-      const __m512i t0 = _mm512_unpacklo_epi8(w0, w1), t2 = _mm512_unpacklo_epi8(w2, w3);      \
-      const __m512i t1 = _mm512_unpackhi_epi8(w0, w1), t3 = _mm512_unpackhi_epi8(w2, w3);      \
-      W4K_A8_STEP(s0, _mm512_unpacklo_epi16(t0, t2))                                            \
-      W4K_A8_STEP(s0 + 1, _mm512_unpackhi_epi16(t0, t2))                                        \
-      W4K_A8_STEP(s0 + 2, _mm512_unpacklo_epi16(t1, t3))                                        \
-      W4K_A8_STEP(s0 + 3, _mm512_unpackhi_epi16(t1, t3))                                        \
-    } else {                                                                                    \
-      constexpr int kI0 = kPart * 4 / kParts; /* the part's first u_i */                        \
-      const __m512i ta =                                                                        \
-          kI0 / 2 ? _mm512_unpackhi_epi8(w0, w1) : _mm512_unpacklo_epi8(w0, w1);                \
-      const __m512i tb =                                                                        \
-          kI0 / 2 ? _mm512_unpackhi_epi8(w2, w3) : _mm512_unpacklo_epi8(w2, w3);                \
-      if constexpr (kParts == 2) {                                                              \
-        W4K_A8_STEP(s0, _mm512_unpacklo_epi16(ta, tb))                                          \
-        W4K_A8_STEP(s0 + 1, _mm512_unpackhi_epi16(ta, tb))                                      \
-      } else {                                                                                  \
-        W4K_A8_STEP(s0, kI0 % 2 ? _mm512_unpackhi_epi16(ta, tb) : _mm512_unpacklo_epi16(ta, tb)) \
-      }                                                                                         \
+      W4K_A8_STEP(s0 + 2, (awq_pair_u<kI0 + 2>(w0, w1, w2, w3)))                                \
+      W4K_A8_STEP(s0 + 3, (awq_pair_u<kI0 + 3>(w0, w1, w2, w3)))                                \
     }                                                                                           \
   }
     W4K_A8_PAIR(0)
@@ -674,12 +671,11 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void decode_awq_pairs_quad(
     const int32_t* wp = words + 16 * pr;
     const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);
     const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq);
-    const __m512i t[4] = {_mm512_unpacklo_epi8(w0, w1), _mm512_unpackhi_epi8(w0, w1),
-                          _mm512_unpacklo_epi8(w2, w3), _mm512_unpackhi_epi8(w2, w3)};
+    const __m512i us[4] = {awq_pair_u<0>(w0, w1, w2, w3), awq_pair_u<1>(w0, w1, w2, w3),
+                           awq_pair_u<2>(w0, w1, w2, w3), awq_pair_u<3>(w0, w1, w2, w3)};
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {  // u_i: zmm 2i (low nibbles), 2i + 1 (high) of the pair order
-      const __m512i u = i % 2 ? _mm512_unpackhi_epi16(t[i / 2], t[2 + i / 2])
-                              : _mm512_unpacklo_epi16(t[i / 2], t[2 + i / 2]);
+      const __m512i u = us[i];
       const __m512i c_lo = _mm512_and_si512(u, lo);
       const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), lo);
       uint8_t* dst = panel + (2 * pr + i / 2) * panel_bytes + 128 * (i % 2);
