@@ -865,13 +865,15 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   // kA8AwqPairRows rows) or into panels for register tiles (more rows) or the AMX-INT8 tiles; an
   // odd last chunk alone by the paths below. The pairs' sums are kept in pair order.
   const bool pairs = awq_pairs_apply(p);
+  // chunk ch starts a pair of the item (the item's chunks pair up from ch0; an odd last one not)
+  auto pair_starts = [&](int64_t ch) { return pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1; };
   uint8_t* panels = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(panel_buf.data()) + 63) & ~uintptr_t{63});
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
     for (int64_t ch = ch0; ch < ch1; ++ch) {
-      if (pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1) {
+      if (pair_starts(ch)) {
         // two pairs at a time where the item has them: 128 contiguous bytes of each weight row
         // per pass (one 64-byte line: 0.75-0.85x the speed at M = 2..4, 2 threads)
         const int64_t np = (ch - ch0) % 4 == 0 && ch + 4 <= ch1 ? 2 : 1;
@@ -1109,7 +1111,7 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   for (int64_t m = m0; m < m1; ++m) {
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       const float* c = acc_buf.data() + (m - m0) * ldc + 64 * (ch - ch0);
-      if (pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1) {  // a pair's 128 sums, pair order
+      if (pair_starts(ch)) {  // a pair's 128 sums, pair order
         for (int o = 0; o < 8; ++o) {
           const float* h = c + 64 * (o % 2);
           const __m512i ix = _mm512_cvtepi8_epi32(

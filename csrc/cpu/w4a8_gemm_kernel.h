@@ -111,10 +111,11 @@ constexpr int64_t kA8FewRows = 4;
 // once by its first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with
 // two register passes; 2 rows 15-20 % slower).
 constexpr int64_t kA8AwqRegRows = 2;
-// AWQ on the AVX-512 path (off the AMX tiles): chunk pairs decoded by byte unpacks, up to this
-// many rows in registers (awq_pairs_a8), with more into L1 panels for the register tiles
-// (tile_awq_pairs_a8). W4K_A8_AWQ_PAIRS=0 turns the pairs off (tests): every chunk then takes
-// the vpermt2b decode, as an odd last chunk of an item always does.
+// AWQ on the AVX-512 path: chunk pairs decoded by byte unpacks, up to this many rows in
+// registers (awq_pairs_a8), with more into L1 panels for the register tiles
+// (tile_awq_pairs_a8) or, from kA8AmxMinRowsAwq rows, the AMX-INT8 tiles. W4K_A8_AWQ_PAIRS=0
+// turns the pairs off (tests): every chunk then takes the vpermt2b decode, as an odd last
+// chunk of an item always does.
 constexpr int64_t kA8AwqPairRows = 4;
 inline bool awq_pairs_enabled() {
   const char* env = std::getenv("W4K_A8_AWQ_PAIRS");
@@ -128,6 +129,11 @@ constexpr int64_t kA8GroupRows = 16;
 // row kMarlinQuadRow[4t + i] = (2t, 2t + 8, 2t + 1, 2t + 9)[i] (see the header comment).
 constexpr int kMarlinQuadRow[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
 
+// AutoAWQ's packing order: nibble j of a word holds column 8w + kAwqOrder[j] (and column
+// 8w + c is nibble kAwqNibble[c]).
+constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
 // Per-format index tables of one 64-column panel, built once from the layout formulas.
 struct PanelTables {
   int8_t col[64];          // panel position p -> chunk column n
@@ -138,8 +144,6 @@ struct PanelTables {
   int8_t zp_shift[64];     // ... and the bit offset of its nibble
 
   explicit PanelTables(A8Format f) {
-    static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-    static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
     for (int p = 0; p < 64; ++p) {
       const int g = p / 16, lane = p % 16;
       int n;
@@ -175,8 +179,9 @@ inline const PanelTables& panel_tables(A8Format f) {
   return f == A8Format::kMarlin ? marlin : awq;
 }
 
-// AWQ, the AVX-512 path at few rows (awq_pairs_a8): a chunk pair (one 64-byte line of each
-// AutoAWQ row, 16 words = 128 columns) decoded by byte unpacks into 8 zmm in "pair order":
+// AWQ on the AVX-512 path (awq_pairs_a8, tile_awq_pairs_a8, the AMX-INT8 panels): a chunk pair
+// (one 64-byte line of each AutoAWQ row, 16 words = 128 columns) decoded by byte unpacks into 8
+// zmm in "pair order":
 // position p = 16 j + 4 l + d, zmm j = 2 i + h, holds the column of nibble 2 d + h of word
 // 4 l + i (l: the 128-bit lane, i: which of its 4 words, d: the byte, h: low or high nibble),
 // i.e. column 8 (4 l + i) + AWQ order[2 d + h]; zero points are packed the same way, so a
@@ -190,7 +195,6 @@ struct AwqPairTables {
                            // 64 (o % 2)) of the pair's fp32 sums; o even reads zmm 0-3, odd 4-7
 
   AwqPairTables() {
-    static constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     int pos[128];
     for (int m = 0; m < 4; ++m) scale_hi[m] = 0;
     for (int p = 0; p < 128; ++p) {
@@ -365,7 +369,6 @@ inline uint32_t weight_code(const W4a8Problem& p, int64_t r, int64_t ch, int n) 
     const int32_t word = p.qweight[(r / 16) * 2 * p.size_n + 128 * ch + 16 * c + 4 * t + j];
     return (static_cast<uint32_t>(word) >> (4 * e)) & 15u;
   }
-  static constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
   const int64_t col = 64 * ch + n;
   const int32_t word = p.qweight[r * (p.size_n / 8) + col / 8];
   return (static_cast<uint32_t>(word) >> (4 * kAwqNibble[col % 8])) & 15u;
