@@ -206,6 +206,10 @@ def case_list(c: Cases):
                   lambda: c.awq_gemm(1, 512, 640, 64, bf16, 8)))
     cases.append(("awq_gemm fp16 M=33 K=512 N=584 g128 split_k=1",
                   lambda: c.awq_gemm(33, 512, 584, 128, f16, 1)))
+    # Groups of 32 with K % 64 == 32: 64-row k-tiles, K's last one of 32 rows (its missing B rows
+    # not copied, activations and second scales/qzeros row zero-filled), in the last of 3 splits.
+    cases.append(("awq_gemm bf16 M=1 K=608 N=256 g32 split_k=3",
+                  lambda: c.awq_gemm(1, 608, 256, 32, bf16, 3)))
     # M picks the tile height: 16 rows (M=1), 32 (M=17), 48 (M=33), 64 (M=64), two row tiles (65).
     for m, dt in ((1, f16), (17, bf16), (33, f16), (64, f16), (65, bf16)):
         cases.append((f"w4a16_gemm {DTYPE_NAME[dt]} M={m} K=256 N=128 per-channel",

@@ -11,7 +11,8 @@ parametrization on 'simt' too, with split_k_iters = 8).
   tile, so the result must not depend on the split count by more than the error bound.
 * Exactness: x = I gives out = the dequantized weight bit for bit (one product per output).
 * Configurations: M on both sides of every per-M tile (16 / 32 / 64 rows), every group path
-  (k-tiles of 128, 64, 32 rows, groups of 32 in 64-row k-tiles, the general per-row path),
+  (k-tiles of 128, 64, 32 rows, groups of 32 in 64-row k-tiles with a last k-tile of 32 rows
+  when K % 64 == 32, the general per-row path),
   N = 64 x odd (partial 256- and 128-column tiles), large K with many splits.
 * Schedules: every split path gives the same bits under the forward, reverse and shuffle thread
   orders and with 1 or 4 concurrently running blocks (the last-arriving split, not a fixed one,
@@ -92,7 +93,8 @@ def test_deterministic_split_k(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("size_k,group_size", [(96, 32), (128, 32), (128, 64), (256, 128)])
+@pytest.mark.parametrize("size_k,group_size",
+                         [(96, 32), (160, 32), (128, 32), (128, 64), (256, 128), (288, 96)])
 def test_identity_gives_dequantized_weight(dtype, size_k, group_size):
     """x = I (K x K): each output is one product 1 * w[k, n] in fp32, rounded back to the dtype:
     exactly awq_dequantize's output, which pins the nibble order and the weight rounding (on each
@@ -139,7 +141,10 @@ SPLIT_PATHS = [
     (5, 200, 136, 40, 1), (12, 216, 72, 24, 5), (33, 216, 200, 8, 4),
     # groups spanning several k-tiles, splits starting inside a group (k-tile 128, 64, 32)
     (9, 1024, 192, 256, 3), (6, 576, 128, 192, 5), (7, 384, 64, 96, 3),
-    (5, 96, 64, 32, 2),  # groups of 32 with K % 64 != 0: 32-row k-tiles
+    # groups of 32 with K % 64 == 32: 64-row k-tiles, K's last one of 32 rows (only k-tile,
+    # fetched by the prologue, by the tail after the steady-state loop, in one of 3 / 9 splits)
+    (1, 32, 64, 32, 1), (5, 96, 64, 32, 2), (17, 672, 192, 32, 1), (40, 608, 128, 32, 3),
+    (3, 1056, 320, 32, 16),
 ]
 
 

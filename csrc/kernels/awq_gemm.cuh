@@ -55,8 +55,9 @@
 //            two HMMAs, which halves the dequant cost per HMMA.
 //   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
-// kTileK = 128 / 64 / 32, the largest that divides group_size, and 64 for groups of 32 when
-// K % 64 == 0 (two scales/qzeros rows per stage, kGroupK = 32): the barrier, waits, copies,
+// kTileK = 128 / 64 / 32, the largest that divides group_size, and 64 for groups of 32 (two
+// scales/qzeros rows per stage, kGroupK = 32; a last tile of 32 rows when K % 64 == 32, see
+// Config::kHalfLast): the barrier, waits, copies,
 // loop tests and group constants are paid per k-tile (or per group), and at one m16 tile the
 // dequantization alone costs 7.6 instructions per HMMA, so the rest must be spread over as many
 // HMMAs as possible; 32 on the general path.
@@ -95,6 +96,12 @@ struct Config {
   static constexpr int kGroupK = kGroupK_;
   static constexpr bool kGroupPerTile = kGroupK > 0;
   static constexpr int kGroupRows = kGroupPerTile ? kTileK / kGroupK : 0;  // per stage
+  static constexpr int kGroupSteps = kGroupPerTile ? kGroupK / 16 : 1;  // k16 steps per group row
+  // Groups of 32 in 64-row k-tiles: when K % 64 == 32 the split that ends at K fetches a last
+  // k-tile of 32 rows (its B rows 32-63 not copied, its A columns and second scales / qzeros
+  // row zero-filled: every weight of the missing rows decodes to (q - 0) * 0 = +0 and meets a
+  // zero activation).
+  static constexpr bool kHalfLast = kGroupK == 32 && kTileK == 64;
   static constexpr int kTileM = 16 * kMTiles * kWarpsM;
   static constexpr int kTileN = 64 * kWarpsN;
   static constexpr int kWordsN = kTileN / 8;  // qweight words per tile row
@@ -104,9 +111,10 @@ struct Config {
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
   // Blocks per SM that ptxas builds for (__launch_bounds__; 0: none given, ptxas chooses).
   // M <= 16: 4, as many as the shared memory of 64-row k-tiles allows on an H100 (at most 128
-  // registers), 5 with 32-row k-tiles (96). Without it ptxas for sm_90 squeezes the 64-row
-  // kernels into 80 registers by recomputing the lane's shared addresses from threadIdx every
-  // k-tile (+0.5 instructions per HMMA), and spills the general path for sm_80.
+  // registers), 5 with 32-row k-tiles (groups of 96, 160, ...: 96). Without it ptxas for sm_90
+  // squeezes the 64-row kernels into 80 registers by recomputing the lane's shared addresses
+  // from threadIdx every k-tile (+0.5 instructions per HMMA), and spills the general path for
+  // sm_80.
   static constexpr int kMinBlocks = kMTiles > 1 ? 0 : kGroupK == 32 && kTileK == 32 ? 5 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
@@ -158,7 +166,8 @@ struct Config {
   static_assert(kAVisits * kACpt == kAIters || kAChunks < kGemmThreads, "whole A copy iterations");
   static_assert(kGroupRows * (kSChunks + kZChunks) <= kGemmThreads,
                 "one scales/zeros chunk per thread");
-  static_assert(!kGroupPerTile || (kGroupK % 16 == 0 && kTileK % kGroupK == 0), "whole k16 steps");
+  static_assert(!kGroupPerTile || (kGroupK % 16 == 0 && kGroupRows * kGroupK == kTileK),
+                "whole k16 steps");
   static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
                     kZOffset % 16 == 0 && kGOffset % 16 == 0,
                 "16-byte aligned stage parts");
@@ -417,13 +426,16 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
   // Issues the copies of the next k-tile into pipeline slot `slot` (a constant once the main
   // loop is unrolled over the slots: every shared address is a register plus an immediate) if
   // `valid`, then commits a group (an empty one past the split's end). The tile's A columns
-  // start `ahead` k-tiles past a_gl_rd (see advance_a).
-  auto fetch = [&](int slot, int ahead, bool valid) {
+  // start `ahead` k-tiles past a_gl_rd (see advance_a). `half`: the tile is K's last and holds
+  // 32 rows (kHalfLast; false in the steady-state loop, which never fetches K's last tile).
+  auto fetch = [&](int slot, int ahead, bool valid, bool half) {
+    half = C::kHalfLast && half;
     if (valid) {
       char* const st = sh_bytes + slot * C::kStageBytes;
 #pragma unroll
       for (int v = 0; v < C::kBVisits; ++v) {
-        if (C::kGroupPerTile || b_k_left > v * C::kBRowsPerSweep) {
+        const int row = b_row + v * C::kBRowsPerSweep;
+        if (C::kGroupPerTile ? !half || row < C::kGroupK : b_k_left > v * C::kBRowsPerSweep) {
 #pragma unroll
           for (int j = 0; j < C::kBCpt; ++j)
             ptx::cp_async16_cg_hint(
@@ -442,12 +454,18 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
             ptx::cp_async16_cg_zfill(
                 st + a_sh_wr + (v * C::kARowsPerSweep * C::kARowElems + 8 * j * C::kATpr) * 2,
                 a_gl_rd[v] + ahead * C::kTileK + 8 * j * C::kATpr,
-                a_row_ok[v] && (C::kGroupPerTile || a_k_left > 8 * j * C::kATpr));
+                a_row_ok[v] && (C::kGroupPerTile ? !half || 8 * (a_u + j * C::kATpr) < C::kGroupK
+                                                 : a_k_left > 8 * j * C::kATpr));
         }
       }
       a_k_left -= C::kTileK;
       if (C::kGroupPerTile) {
-        if (sz_copier) ptx::cp_async16_cg_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd, policy);
+        if (sz_copier && !C::kHalfLast) {
+          ptx::cp_async16_cg_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd, policy);
+        } else if (sz_copier) {  // group row 1 of a half tile lies past the last group
+          ptx::cp_async16_cg_zfill_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd,
+                                        !half || sz_row == 0, policy);
+        }
         if (C::kGroupRows > 1) {
           sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
         } else {
@@ -494,8 +512,8 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
     TileConsts<T> tc;
 #pragma unroll
     for (int ks = 0; ks < C::kKSteps; ++ks) {
-      if (C::kGroupPerTile && ks % (C::kGroupK / 16) == 0) {
-        const int r = ks / (C::kGroupK / 16);  // the stage's group row of this k16 step
+      if (C::kGroupPerTile && ks % C::kGroupSteps == 0) {
+        const int r = ks / C::kGroupSteps;  // the stage's group row of this k16 step
         tc.load(*reinterpret_cast<const uint32_t*>(st + z_sh_rd + r * C::kWordsN * 4),
                 *reinterpret_cast<const uint4*>(st + s_sh_rd + r * C::kTileN * 2));
       }
@@ -547,22 +565,28 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
     }
   };
 
+  // The split's last tile is K's and holds 32 rows (kHalfLast, K % 64 == 32).
+  const bool half_last = C::kHalfLast && t_end == k_tiles && p.size_k % C::kTileK != 0;
+
   // Prologue: the first kStages - 1 tiles (empty groups past the split keep the count right).
 #pragma unroll
-  for (int s = 0; s < C::kStages - 1; ++s) fetch(s, s, s < num_tiles);
+  for (int s = 0; s < C::kStages - 1; ++s)
+    fetch(s, s, s < num_tiles, half_last && s == num_tiles - 1);
   advance_a(C::kStages - 1);
 
   // Tile i sits in slot i % kStages; the loops are unrolled over the slots so that every slot
   // offset is an immediate, and count the tiles left down so that every test compares it with
   // an immediate. While at least 2 kStages - 1 tiles are left, every fetch of a pass is valid
-  // and every slot holds a tile: the steady-state loop tests nothing but its own condition.
+  // and every slot holds a tile: the steady-state loop tests nothing but its own condition
+  // (kHalfLast: while at least 2 kStages are left, so that it never fetches K's last tile).
+  constexpr int kSteadyTiles = C::kHalfLast ? 2 * C::kStages : 2 * C::kStages - 1;
   int tiles_left = num_tiles;
-  for (; tiles_left >= 2 * C::kStages - 1; tiles_left -= C::kStages) {
+  for (; tiles_left >= kSteadyTiles; tiles_left -= C::kStages) {
 #pragma unroll
     for (int u = 0; u < C::kStages; ++u) {
       ptx::cp_async_wait_group<C::kStages - 2>();
       __syncthreads();  // tile u visible to all; the slot fetch reuses (read at u - 1) free
-      fetch((u + C::kStages - 1) % C::kStages, u, true);
+      fetch((u + C::kStages - 1) % C::kStages, u, true, false);
       compute(u);
     }
     advance_a(C::kStages);
@@ -574,7 +598,8 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
     for (int u = 0; u < C::kStages; ++u) {
       ptx::cp_async_wait_group<C::kStages - 2>();
       __syncthreads();
-      fetch((u + C::kStages - 1) % C::kStages, u, u + C::kStages - 1 < tiles_left);
+      fetch((u + C::kStages - 1) % C::kStages, u, u + C::kStages - 1 < tiles_left,
+            half_last && u + C::kStages == tiles_left);
       compute(u);
       if (u + 1 < C::kStages && u + 1 >= tiles_left) break;
     }
@@ -663,12 +688,10 @@ inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k,
                                  int64_t split_k_iters) {
   AwqGemmPlan pl;
   // The largest k-tile whose rows split into whole groups; groups of 32 take 64-row tiles with
-  // two scales/qzeros rows per stage when K allows (half the per-k-tile overhead of 32-row ones).
+  // two scales/qzeros rows per stage, also when K % 64 == 32 (a last tile of 32 rows: half the
+  // per-k-tile overhead of 32-row tiles, which odd multiples of 32 above 32 keep).
   if (group_size % 32 == 0) {
-    pl.tile_k = group_size % 128 == 0                  ? 128
-                : group_size % 64 == 0                 ? 64
-                : group_size == 32 && size_k % 64 == 0 ? 64
-                                                       : 32;
+    pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 || group_size == 32 ? 64 : 32;
     pl.group_k = group_size == 32 ? 32 : pl.tile_k;
   }
   pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
