@@ -766,25 +766,17 @@ __attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const 
       _mm512_storeu_si512(d, _mm512_sub_epi8(_mm512_loadu_si512(d), zb[g]));
     }
   alignas(64) int32_t cbuf[kRowBlock * 64];
-  alignas(64) int8_t a_pad[kRowBlock * kStepK];  // a partial row block's A rows, zero-padded
   amx_stores_before_tile_load();  // the panel's stores
   for (int64_t i0 = 0; i0 < rows; i0 += kRowBlock) {
     const int64_t r = std::min(kRowBlock, rows - i0);
-    if (r < kRowBlock) std::memset(a_pad, 0, sizeof(a_pad));
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t k0 = 0; k0 < block; k0 += kStepK) {
-      const int8_t* a = qa + i0 * lda_q + k0;
-      if (r == kRowBlock) {
-        _tile_loadd(4, a, lda_q);
-      } else {
-        amx_stores_before_tile_load();  // the last step's tile load of a_pad came first
-        for (int64_t i = 0; i < r; ++i) std::memcpy(a_pad + i * kStepK, a + i * lda_q, kStepK);
-        amx_stores_before_tile_load();
-        _tile_loadd(4, a_pad, kStepK);
-      }
+      // 16 rows of qa also for a last row block of r < 16 (kA8QaPadRows): the rows past r
+      // hold other rows' or stale codes, and their C rows are not read.
+      _tile_loadd(4, qa + i0 * lda_q + k0, lda_q);
       const uint8_t* w = panel + k0 / 4 * kBStride;  // quad rows k0 / 4 ..
       _tile_loadd(5, w, kBStride);
       _tile_dpbssd(0, 4, 5);
