@@ -429,8 +429,8 @@ A8_CASES = [  # (format, M, K, N, group, act_order, zero points, bias, dtype)
 @pytest.mark.parametrize("amx_rows", ["default", "1"])
 def test_int8_mode_amx_same_bits(monkeypatch, case, amx_rows):
     """The int8 mode's integer sums are exact in any order, so the tiles give the bits of the
-    vpdpbusd path and of the portable loop, and the reference's within its bound (from 14 rows
-    for Marlin, 12 for AWQ, whose chunk pairs go to the tiles as half-pair panels;
+    vpdpbusd path and of the portable loop, and the reference's within its bound (from 11 rows
+    for Marlin, 10 for AWQ, whose chunk pairs go to the tiles as half-pair panels;
     W4K_A8_AMX_ROWS=1 takes the tiles at every M these cases have)."""
     from test_int8_act import _tight_tol, awq_case, marlin_case
     from w4kernels import ops

@@ -265,7 +265,7 @@ PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP)]
 def test_awq_gemm_a8_unpack_pairs_m_sweep(shape):
     """AWQ on AVX-512 decodes chunk pairs by byte unpacks (1-4 rows in registers, in 1-4 passes,
     two pairs at a time where an item has four chunks; more rows: L1 panels of half pairs for
-    3-6-row register tiles, or from 12 rows for the AMX-INT8 tiles where the CPU has them). The
+    3-6-row register tiles, or from 10 rows for the AMX-INT8 tiles where the CPU has them). The
     path ran (its profiler event), and the integer sums being exact, it gives
     the bits of the vpermt2b decode (W4K_A8_AWQ_PAIRS=0) and of the portable loop, on 1 and 2
     threads, and the reference's within the int8 mode's bound."""

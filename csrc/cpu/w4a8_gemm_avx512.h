@@ -733,9 +733,12 @@ constexpr int kA8TileRows = 6;  // rows of tile_a8's register tile (24 accumulat
 // 11.0 / 6.60, 12.8 / 7.75, 4.86 / 3.17 (and 1.13-1.31x the weights-as-A tiles of
 // w4a8_gemm_amx_t.h, removed: at M = 12-256 they were never faster). Marlin at M = 12 / 14,
 // same protocol: 3.66 / 3.67 and 3.94 / 3.30, 4.26 / 3.99 and 4.81 / 4.10, 1.81 / 1.82 and
-// 2.08 / 1.84 (M = 8-10: the register tiles 0.98-1.26x the speed). W4K_A8_AMX_ROWS overrides
-// both.
-constexpr int64_t kA8AmxMinRowsMarlin = 14, kA8AmxMinRowsAwq = 12;
+// 2.08 / 1.84 (M = 8-10: the register tiles 0.98-1.26x the speed). Since a partial row block
+// loads its A tile from qa directly (no zero-padded copy per step; same protocol, 2 and 3 rounds,
+// AMX / register-tile speed on the three shapes): Marlin M = 10 0.97-1.04, 11 1.03-1.07, 12
+// 1.06-1.13, 13-14 1.07-1.23, M = 8 0.78-0.91; AWQ M = 8 0.86-1.06, 9 0.97-1.07, 10 0.98-1.14
+// (5 of 6 cells >= 1.06), 11 1.06-1.10. W4K_A8_AMX_ROWS overrides both.
+constexpr int64_t kA8AmxMinRowsMarlin = 11, kA8AmxMinRowsAwq = 10;
 inline int64_t a8_amx_min_rows(A8Format f) {
   const char* env = std::getenv("W4K_A8_AMX_ROWS");
   return env ? std::atoll(env) : f == A8Format::kMarlin ? kA8AmxMinRowsMarlin : kA8AmxMinRowsAwq;
