@@ -87,6 +87,10 @@ Uninit64<T> make_uninit64(int64_t n) {
   return Uninit64<T>(static_cast<T*>(::operator new(sizeof(T) * n, std::align_val_t(64))));
 }
 
+// Rows of storage past M that a bf16 A operand needs for amx_bf16_rows(..., a_rows16 = true):
+// a last row block of fewer than 16 rows loads 16.
+constexpr int64_t kAmxPadRows = 15;
+
 // fp16 activations on the tiles: rows m of a as split rows (amx_split_half) in blocks of 8
 // rows, block b = rows 8b .. 8b + 7 as 16 rows of the tile operand: the hi parts of the 8 rows,
 // then their lo parts (rows past M zero). One A tile then gives both parts, and the C tile
@@ -258,10 +262,14 @@ inline void amx_stores_before_tile_load() {
 // holds (w[kc - 1], 0)), acc fp32 with row stride 64. Needs an AmxTileScope on this thread.
 // With wpairs_lo (same layout as wpairs): w means wpairs + wpairs_lo (the hi and lo parts of
 // split fp16 weights, amx_split_half), both products added into the same accumulators.
+// a_rows16: a has 16 readable rows from each row block's first (rows rounded up to 16, plus
+// whatever the caller's buffer holds there), so a last block of fewer rows loads its A tile
+// from a directly, the rows past its own giving C rows that are not kept (a tile load of a
+// buffer just written waits for the stores to reach L1, every step).
 template <bool kWLo>
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
     const uint16_t* a, int64_t lda, const uint32_t* wpairs, const uint32_t* wpairs_lo,
-    int64_t kc, float* acc, int64_t rows) {
+    int64_t kc, float* acc, int64_t rows, bool a_rows16) {
   constexpr int64_t kStepK = 32, kRowBlock = 16, kCStride = 64 * 4, kBStride = 64 * 4;
   const int64_t full_k = kc / kStepK * kStepK, tail_k = kc - full_k;
   alignas(64) uint32_t b_tail[2][16 * 64];  // the last step's pair rows, zero-padded to 16
@@ -283,7 +291,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
   int64_t a_pad_rows = -1;  // a_pad is zero in rows >= a_pad_rows (-1: not known)
   auto load_a = [&](int64_t i0, int64_t r, int64_t k0) {
     const int64_t width = std::min(kStepK, kc - k0);
-    if (r == kRowBlock && width == kStepK) {
+    if ((r == kRowBlock || a_rows16) && width == kStepK) {
       _tile_loadd(4, a + i0 * lda + k0, lda * 2);
       return;
     }
@@ -336,9 +344,10 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) inline void amx_rows_impl(
 }
 
 inline void amx_bf16_rows(const uint16_t* a, int64_t lda, const uint32_t* wpairs, int64_t kc,
-                          float* acc, int64_t rows, const uint32_t* wpairs_lo = nullptr) {
-  if (wpairs_lo) amx_rows_impl<true>(a, lda, wpairs, wpairs_lo, kc, acc, rows);
-  else amx_rows_impl<false>(a, lda, wpairs, nullptr, kc, acc, rows);
+                          float* acc, int64_t rows, const uint32_t* wpairs_lo = nullptr,
+                          bool a_rows16 = false) {
+  if (wpairs_lo) amx_rows_impl<true>(a, lda, wpairs, wpairs_lo, kc, acc, rows, a_rows16);
+  else amx_rows_impl<false>(a, lda, wpairs, nullptr, kc, acc, rows, a_rows16);
 }
 
 #else

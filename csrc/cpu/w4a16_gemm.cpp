@@ -183,11 +183,12 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   // The bf16 copy gets a row stride of K + 32 for the same reason (the copy costs M * K * 2
   // bytes, next to the K * N / 2 of the weight).
   const int64_t lda_bf16 = size_k + 32;
-  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M, lda_bf16] (2 bytes each; fp16 split:
-  // [amx_split_tile_rows(M), lda_bf16]), 16-float aligned
+  // floats: a32 [M, lda], c32 [M, N], a_bf16 [M + kAmxPadRows, lda_bf16] (2 bytes each; the
+  // AMX tiles load 16 rows for a last row block of fewer; fp16 split: [amx_split_tile_rows(M),
+  // lda_bf16]), 16-float aligned
   const int64_t a32_floats = need_a32 ? (size_m * lda + 15) / 16 * 16 : 0;
   const int64_t c32_floats = blocked ? 0 : (size_m * size_n + 15) / 16 * 16;
-  const int64_t a16_rows = gather_bf16  ? size_m
+  const int64_t a16_rows = gather_bf16  ? size_m + cpu::kAmxPadRows
                            : split_fp16 ? cpu::amx_split_tile_rows(size_m)
                                         : 0;
   const int64_t bf16_floats = (a16_rows * lda_bf16 + 1) / 2;

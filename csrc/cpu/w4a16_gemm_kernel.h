@@ -747,7 +747,8 @@ inline void w4a16_amx_chunks(const W4a16GemmProblem& p, int64_t chunk_begin, int
       // the chunk's products, every row block, while its pair rows are in L1
       amx_bf16_rows(p.a_bf16 + a_row0 * p.lda_bf16 + kb, p.lda_bf16, pairs.data(), kc,
                     acc.data() + c * tile_rows * 64, tile_rows,
-                    split_w ? pairs.data() + kPairWords : nullptr);
+                    split_w ? pairs.data() + kPairWords : nullptr,
+                    /*a_rows16=*/ true);  // a_bf16 has kAmxPadRows rows past M
     }
   }
   for (int64_t c = 0; c < nch; ++c) {
