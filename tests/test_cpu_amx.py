@@ -111,6 +111,24 @@ def test_w4a16_amx_exact_sums_give_the_contract_bits(monkeypatch, zp, m):
     assert golden.same_bits(call(b, case), expected)
 
 
+@pytest.mark.parametrize("m", [5, 21])
+def test_w4a16_amx_partial_row_block_ignores_stale_rows(monkeypatch, m):
+    """A last row block of fewer than 16 rows loads 16 rows of the op's bf16 activation copy,
+    whose rows past M hold what an earlier call left there: after a call whose activations are
+    all NaN, the same call as before gives the same, finite, bits (each C row depends on its own
+    A row only, and the rows past M are not kept)."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    case = make_case(m, 1040, 192, 80, torch.bfloat16, None, True, False, seed=m)
+    before = call(b, case)
+    poisoned = dict(case)
+    poisoned["a"] = torch.full((m + 32, 1040), float("nan"), dtype=torch.bfloat16)
+    poisoned["size_m"] = m + 32
+    assert torch.isnan(call(b, poisoned)).all()
+    after = call(b, case)
+    assert torch.isfinite(after).all() and golden.same_bits(after, before)
+
+
 def test_w4a16_amx_fp16_extreme_values(monkeypatch):
     """The split at fp16's edges: subnormal activations (hi and lo both below fp16's normal
     range, still normal in bf16), activations near 65504, scales of exactly 4096 (the largest
