@@ -1,7 +1,8 @@
 // AVX-512 decode path of the CPU w4a16_gemm kernel (torch-free): few rows of a (M <= 8),
 // where streaming and decoding the int4 weight is most of the cost; bf16
 // activations with vdpbf16ps (AVX512-BF16; without it each vdpbf16ps is emulated by two FMAs,
-// the same bits) and fp16 activations with fp32 FMAs.
+// the same bits, and so at 2-4 rows where two FMAs are cheaper: w4a16_fma_min_rows) and fp16
+// activations with fp32 FMAs.
 //
 // Idea: decode the Marlin words in place, with no transposition, straight into bf16 k-pairs for
 // vdpbf16ps. The 16 words of line c of a chunk's k-tile (words 16c .. 16c + 15) sit in lanes
@@ -30,6 +31,10 @@
 
 #include "cpu/amx_bf16.h"
 #include "cpu/w4a16_gemm_avx512.h"
+
+#ifdef W4K_HAVE_AVX512_PATH
+#include <x86intrin.h>  // __rdtsc
+#endif
 
 #ifdef W4K_HAVE_AVX512_PATH
 
@@ -214,7 +219,10 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_i
 // with the element order of build_a_fp32_avx512.
 // Registers: 2*NCP*MR (bf16) or 4*NCP*MR (fp16) accumulators and 4*NCP (bf16) or 8*NCP (fp16)
 // table registers (<= 24 of 32); a from memory.
-template <int MR, int NCP, bool kFp16, bool kEmu>
+// kSplitA (with kEmu): a_pairs holds each a vector pre-split into its odd and even fp32 halves
+// (split_a_pairs_avx512), so the fma form costs no split per use (the FMA form on a CPU whose
+// vdpbf16ps is slower than two FMAs, w4a16_fma_min_rows).
+template <int MR, int NCP, bool kFp16, bool kEmu, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
     int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
@@ -262,7 +270,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
       }
       g_loaded = g;
     }
-    const __m512i* av = a_pairs + (kt - kt0) * 2 * MR;
+    const __m512i* av = a_pairs + (kt - kt0) * (kSplitA ? 4 : 2) * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
@@ -305,8 +313,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
           }
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) {
-            const __m512i a = _mm512_loadu_si512(av + 2 * i + h);
-            const __m512 a_odd = bf16_pair_odd(a), a_even = bf16_pair_even(a);
+            __m512 a_odd, a_even;
+            if constexpr (kSplitA) {
+              a_odd = _mm512_castsi512_ps(_mm512_loadu_si512(av + 4 * i + 2 * h));
+              a_even = _mm512_castsi512_ps(_mm512_loadu_si512(av + 4 * i + 2 * h + 1));
+            } else {
+              const __m512i a = _mm512_loadu_si512(av + 2 * i + h);
+              a_odd = bf16_pair_odd(a), a_even = bf16_pair_even(a);
+            }
 #pragma GCC unroll 2
             for (int b2 = 0; b2 < 2; ++b2) {
               __m512& c = acc_v[i][2 * cc + b2][0];
@@ -353,14 +367,14 @@ constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
 
 // All 8 lines for rows [0, rows) (rows <= kPairRowBlock), in as many passes as the registers
 // need.
-template <bool kFp16, bool kEmu>
+template <bool kFp16, bool kEmu, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
     int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
     const int32_t* tile_group, int64_t g_first, float* acc) {
   auto passes = [&](auto mr, auto ncp) {
     for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
-      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16, kEmu>(
+      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16, kEmu, kSplitA>(
           a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
           acc);
   };
@@ -374,7 +388,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
     }
   } else {
     switch (rows) {
-      case 1: passes(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+      case 1:  // the fma form with split a: 4 lines a pass spill (registers)
+        passes(integral_constant<int, 1>{}, integral_constant<int, kSplitA ? 2 : 4>{});
+        break;
       case 2: passes(integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
       case 3: passes(integral_constant<int, 3>{}, integral_constant<int, kEmu ? 1 : 2>{}); break;
       case 4: passes(integral_constant<int, 4>{}, integral_constant<int, kEmu ? 1 : 2>{}); break;
@@ -386,6 +402,50 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
   }
 }
 
+// TSC ticks of one vdpbf16ps and of two fp32 FMAs (zmm, 8 independent chains each), the best
+// of 5 short runs: what the decode path's two forms spend per 32 products.
+__attribute__((target("avx512f,avx512bf16"), noinline)) inline void dot_form_ticks(
+    double* dpbf16, double* fma2) {
+  constexpr int kChains = 8, kIters = 512;
+  *dpbf16 = *fma2 = 1e30;
+  for (int trial = 0; trial < 5; ++trial) {
+    __m512 c[kChains];
+    for (int i = 0; i < kChains; ++i) c[i] = _mm512_set1_ps(static_cast<float>(i));
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0.5f);
+    uint64_t t0 = __rdtsc();
+    for (int it = 0; it < kIters; ++it) {
+#pragma GCC unroll 8
+      for (int i = 0; i < kChains; ++i) c[i] = _mm512_dpbf16_ps(c[i], a, a);
+    }
+    uint64_t t1 = __rdtsc();
+    for (int it = 0; it < kIters; ++it) {
+#pragma GCC unroll 8
+      for (int i = 0; i < kChains; ++i) c[i] = _mm512_fmadd_ps(_mm512_fmadd_ps(c[i], x, y), x, y);
+    }
+    uint64_t t2 = __rdtsc();
+    __m512 sum = c[0];
+    for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, c[i]);
+    volatile float sink = _mm512_reduce_add_ps(sum);
+    (void)sink;
+    *dpbf16 = std::min(*dpbf16, static_cast<double>(t1 - t0) / (kIters * kChains));
+    *fma2 = std::min(*fma2, static_cast<double>(t2 - t1) / (kIters * kChains));
+  }
+}
+
+// Whether the fma form of the decode path (kSplitA) beats vdpbf16ps on this CPU: two FMAs take
+// at most 0.8x a vdpbf16ps (measured once per process). On the Zen 4 the path was tuned on a
+// vdpbf16ps issues like an FMA; on the AMX Xeon of 2026-11-28 it takes about 2.2 cycles, and
+// the fma form was 1.1-1.4x faster at 2-4 rows (L1-resident harness of pair_pass_avx512).
+inline bool fma_form_faster() {
+  static const bool faster = [] {
+    double dp = 0, fma2 = 0;
+    dot_form_ticks(&dp, &fma2);
+    return fma2 <= 0.8 * dp;
+  }();
+  return faster;
+}
+
 // Scratch of pair_chunks_avx512, kept by the caller across calls.
 struct PairScratch {
   std::vector<uint16_t> tbl;     // [chunk][group of the block][kPairTable]
@@ -393,7 +453,19 @@ struct PairScratch {
   std::vector<float> chan_scale; // [chunk][64] per channel
   std::vector<float> sc, zf;     // [chunk][group][64] (decode_chunk_groups), mixed tiles only
   std::vector<uint32_t> a_pairs; // build_a_pairs_avx512 of every row block, one k-block
+  std::vector<uint32_t> a_split; // kSplitA: a_pairs split into odd / even fp32 vectors
 };
+
+// Each bf16 pair vector of a_pairs (n of them) as its odd and even halves widened to fp32, the
+// two operands the fma form of vdpbf16ps multiplies (pair_pass_avx512's kSplitA).
+__attribute__((target("avx512f"))) inline void split_a_pairs_avx512(const __m512i* a_pairs,
+                                                                    int64_t n, __m512i* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512i a = _mm512_loadu_si512(a_pairs + j);
+    _mm512_storeu_si512(out + 2 * j, _mm512_castps_si512(bf16_pair_odd(a)));
+    _mm512_storeu_si512(out + 2 * j + 1, _mm512_castps_si512(bf16_pair_even(a)));
+  }
+}
 
 // Chunks [ch0, ch1) x rows [m0, m0 + rows) x k-tiles [kt_begin, kt_end) through the decode path
 // (bf16: vdpbf16ps; fp16 (kFp16): the weights widened to fp32 by vcvtph2ps, fp32 FMAs). Order:
@@ -405,8 +477,10 @@ struct PairScratch {
 // the group of every row of k-tile kt, or -1 when its rows span groups (act-order boundaries):
 // those tiles are dequantized row by row (dequant_tile_avx512) and accumulated in fp32 into the
 // chunk's `extra` sums (wbuf column order), as on the lookup-table path.
-// kEmu (bf16 only): a CPU without AVX512-BF16, vdpbf16ps emulated (pair_pass_avx512).
-template <bool kFp16, bool kEmu = false>
+// kEmu (bf16 only): a CPU without AVX512-BF16, vdpbf16ps emulated (pair_pass_avx512); with
+// kSplitA the same fma form on a CPU that has it (w4a16_fma_min_rows), the activations split
+// once per block and the tables rounded by vcvtne2ps2bf16 (the same bits either way).
+template <bool kFp16, bool kEmu = false, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx512(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t m0, int64_t rows,
     const int32_t* tile_group, bool any_mixed_tile, PairScratch& s, int64_t kt_begin,
@@ -462,6 +536,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
                              std::min(kRb, rows - i0), kt0, kt1,
                              a_pairs + (kt1 - kt0) * kAPairs * i0);
     }
+    constexpr int64_t kASplit = kSplitA ? 2 : 1;  // a vectors per pair vector
+    const __m512i* a_operand = a_pairs;
+    if constexpr (kSplitA) {
+      const int64_t n = static_cast<int64_t>(s.a_pairs.size()) / 16;
+      s.a_split.resize(2 * s.a_pairs.size());
+      split_a_pairs_avx512(a_pairs, n, reinterpret_cast<__m512i*>(s.a_split.data()));
+      a_operand = reinterpret_cast<const __m512i*>(s.a_split.data());
+    }
     for (int64_t ch = ch0; ch < ch1; ++ch) {
       float* acc = s.acc.data() + (ch - ch0) * acc_per_chunk;
       const int32_t* chunk_words = p.b_q_weight + 128 * ch;
@@ -479,11 +561,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       uint16_t* tbl = s.tbl.data() + (ch - ch0) * groups_per_block * kPairTable<kFp16>;
       if (build_tables)
         for (int64_t g = g_first; g <= g_last; ++g)
-          build_pair_table_avx512<kFp16, kEmu>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                                         p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-                                         tbl + (g - g_first) * kPairTable<kFp16>);
+          build_pair_table_avx512<kFp16, kEmu && !kSplitA>(
+              per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+              p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+              tbl + (g - g_first) * kPairTable<kFp16>);
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
-        pair_tiles_avx512<kFp16, kEmu>(a_pairs + (kt1 - kt0) * kAPairs * i0,
+        pair_tiles_avx512<kFp16, kEmu, kSplitA>(a_operand + (kt1 - kt0) * kAPairs * i0 * kASplit,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
                           chunk_words + kt0 * word_stride,
                           word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,

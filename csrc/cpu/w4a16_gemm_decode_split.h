@@ -89,6 +89,7 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
   float* part = part_sums.data();
   const int32_t* tg = tile_group.data();
   const bool emulate_dot = !fp16 && w4a16_gemm_cpu_isa() != CpuIsa::kAvx512Bf16;
+  const bool fma_form = !fp16 && !emulate_dot && p.size_m >= w4a16_fma_min_rows();
   WorkQueue::instance().run(slices * parts, threads, [&](int64_t item) {
     thread_local PairScratch scratch;
     const int64_t sl = item / parts, pa = item % parts;
@@ -102,6 +103,9 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
     else if (emulate_dot)
       pair_chunks_avx512<false, true>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch,
                                       kt0, kt1, out, kDecodeSplitBlockTiles);
+    else if (fma_form)
+      pair_chunks_avx512<false, true, true>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile,
+                                            scratch, kt0, kt1, out, kDecodeSplitBlockTiles);
     else
       pair_chunks_avx512<false>(p, ch0, ch1, 0, p.size_m, tg, any_mixed_tile, scratch, kt0, kt1,
                                 out, kDecodeSplitBlockTiles);

@@ -136,6 +136,25 @@ inline int64_t w4a16_gemm_lut_max_rows(bool fp16, bool amx = false) {
 // per product) from 7 rows: 2026-11-28, same machine and shape, medians of 12 calls (weights
 // rotated), two runs, ms decode path / tiles: M = 5 7.92, 6.35 / 8.96, 7.17; 6 8.90, 6.32 /
 // 9.06, 7.12; 7 9.18, 6.58 / 9.39, 6.29; 8 9.74, 8.68 / 8.89, 6.59.
+// bf16 rows of the decode path from which it sums with the fma form of vdpbf16ps (two FMAs on
+// the activations split once per block, pair_chunks_avx512's kSplitA; the bits of vdpbf16ps
+// except where a product is subnormal, which vdpbf16ps flushes) instead of vdpbf16ps: 2 where
+// two FMAs cost at most 0.8x a vdpbf16ps (fma_form_faster), else never. Measured on the AMX
+// Xeon of 2026-11-28 (2 threads, weights rotated, 3 runs of 9 rounds alternating in one
+// process, fma form x vdpbf16ps on 11008 x 4096, 4096 x 11008, 4096 x 4096): M = 1 0.92-0.98,
+// M = 2 1.01-1.12, M = 3 0.91-1.14, M = 4 1.00-1.24; L1-resident (a harness of
+// pair_pass_avx512): 2 rows 1.15-1.2x, 3 rows 1.2-1.4x, 4 rows 1.3-1.45x, 1 row 0.9x.
+// W4K_W4A16_FMA_ROWS overrides it.
+inline int64_t w4a16_fma_min_rows() {
+  const char* env = std::getenv("W4K_W4A16_FMA_ROWS");
+  if (env) return std::atoll(env);
+#ifdef W4K_HAVE_AVX512_PATH
+  return fma_form_faster() ? 2 : INT64_MAX;
+#else
+  return INT64_MAX;
+#endif
+}
+
 inline int64_t w4a16_gemm_pair_max_rows(bool amx = false, bool fp16 = false) {
   const char* env = std::getenv("W4K_W4A16_PAIR_ROWS");
   return env ? std::atoll(env) : !amx ? 8 : fp16 ? 6 : 4;
@@ -883,6 +902,10 @@ inline int w4a16_gemm_cpu_chunks(const W4a16GemmProblem& p, int64_t chunk_begin,
     else if (!use_dpbf16)
       pair_chunks_avx512<false, true>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
                                       any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
+    else if (rows >= w4a16_fma_min_rows())
+      pair_chunks_avx512<false, true, true>(p, chunk_begin, chunk_end, m0, rows,
+                                            tile_group.data(), any_mixed_tile, scratch, 0,
+                                            p.size_k / 16, nullptr);
     else
       pair_chunks_avx512<false>(p, chunk_begin, chunk_end, m0, rows, tile_group.data(),
                                 any_mixed_tile, scratch, 0, p.size_k / 16, nullptr);
