@@ -94,6 +94,13 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_n)).to(dtype)
     simd2 = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
     simd1 = _run(monkeypatch, "avx512", 1, x, qw, s, qz)
+    # bf16 lookups: vdpbf16ps, and its fma form at every M (the default from 2 rows where two
+    # FMAs are cheaper than a vdpbf16ps)
+    forms = {}
+    for rows in ("1000", "1"):
+        monkeypatch.setenv("W4K_AWQ_FMA_ROWS", rows)
+        forms[rows] = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    monkeypatch.delenv("W4K_AWQ_FMA_ROWS")
     avx2_2 = _run(monkeypatch, "avx2", 2, x, qw, s, qz)
     avx2_1 = _run(monkeypatch, "avx2", 1, x, qw, s, qz)
     # in the lookup order the AVX2 path sums by vpshufb table lookups; the knob selects
@@ -106,6 +113,8 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     assert golden.same_bits(simd2, simd1), "threads 1 and 2 differ"
     assert golden.same_bits(avx2_2, avx2_1), "AVX2 path: threads 1 and 2 differ"
     assert golden.same_bits(simd2, portable), "AVX-512 and portable paths differ"
+    assert golden.same_bits(forms["1000"], portable), "vdpbf16ps lookups and portable differ"
+    assert golden.same_bits(forms["1"], portable), "fma-form lookups and portable differ"
     assert golden.same_bits(avx2_2, portable), "AVX2 and portable paths differ"
     w = reference.awq_dequantize(qw, s, qz)
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
@@ -148,6 +157,10 @@ def test_awq_gemm_cpu_paths_same_bits_cancelling_input(monkeypatch, size_m, size
     for isa, threads in [("avx512", 1), ("avx2", 2), ("avx2", 1), ("scalar", 2)]:
         assert golden.same_bits(_run(monkeypatch, isa, threads, x, qw, s, qz), out), \
             f"{isa}, {threads} thread(s) differ from avx512, 2 threads"
+    for rows in ("1000", "1"):  # vdpbf16ps and its fma form in the bf16 lookups
+        monkeypatch.setenv("W4K_AWQ_FMA_ROWS", rows)
+        assert golden.same_bits(_run(monkeypatch, "avx512", 2, x, qw, s, qz), out), rows
+    monkeypatch.delenv("W4K_AWQ_FMA_ROWS")
     monkeypatch.setenv("W4K_AWQ_AVX2_LOOKUP", "0")  # the AVX2 strip decode in lookup order
     assert golden.same_bits(_run(monkeypatch, "avx2", 2, x, qw, s, qz), out)
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cpu/awq_gemm_cpu.h"
+#include "cpu/dot_form.h"
 
 namespace w4k {
 namespace awq_cpu {
@@ -18,7 +19,7 @@ namespace awq_cpu {
 //    indices (code, + 16 in the odd dwords), one vpermw looks the weights up in the group's
 //    table of columns (2e, 2e + 1): entries 0..15 = T(fma(v, s, (-z) s)) for v = 0..15 of the
 //    even column, 16..31 of the odd one, and one vdpbf16ps multiplies them with the x pairs of
-//    rows (2p, 2p + 1) (lut_rows);
+//    rows (2p, 2p + 1) (lut_rows; or its fma form, lut_fma_min_rows);
 //  * fp16: the tables hold fp16 values, widened once per pass to fp32 tables of 16 entries per
 //    column that vpermps indexes with the shifted transposed word itself, then fp32 FMAs with
 //    fp32 x (lut_rows_fp16).
@@ -70,7 +71,18 @@ inline int64_t lut_scratch_floats(int64_t size_m) {
   return lines * 64 * 32 * rows         // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
          + lines * 64 * 16              // tables of one group: [line][pair][32 bf16]
          + (kLutStrip / 16) * 16 * 16   // transposed strip: [tile][word][16 rows]
-         + (kLutStrip / 16) * rows * 16;  // bf16 x pairs of the strip: [tile][m][16 dwords]
+         + (kLutStrip / 16) * rows * 32;  // bf16 x pairs of the strip: [tile][m][16 dwords],
+                                          // fma form: their odd and even halves, [tile][m][32]
+}
+
+// bf16 rows from which the AVX-512 lookups sum by the fma form of vdpbf16ps (the odd then the
+// even product of a pair by fp32 fmas, the x pairs split once per strip; exactly the portable
+// mirror's chain, subnormal products included): 2 where two FMAs cost at most 0.8x a
+// vdpbf16ps (cpu/dot_form.h), else never. W4K_AWQ_FMA_ROWS overrides it.
+inline int64_t lut_fma_min_rows() {
+  const char* env = std::getenv("W4K_AWQ_FMA_ROWS");
+  if (env) return std::atoll(env);
+  return cpu::fma_form_faster() ? 2 : std::numeric_limits<int64_t>::max();
 }
 
 // Portable mirror of the LUT path for columns [n_begin, n_end).
@@ -239,7 +251,7 @@ W4K_AWQ_AVX512 void lut_rows_fp16(const Problem& pb, const float* xf, int64_t m0
 // holds the chain of column 2e + d % 2 over row pairs p = 2a + d / 2 of every tile: the same 8
 // chains per column as before (chunk_lut adds them in p order). fp16: lut_rows_fp16.
 // xpairs[(t * rows + m_rel + m) * 16]: the x pairs of tile t and row m (bf16 only).
-template <Dtype D, int MR>
+template <Dtype D, int MR, bool kFma = false>
 W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xpairs,
                              int64_t rows, int64_t m0, int64_t m_rel, int64_t w, int64_t k0,
                              int64_t tiles, const float* tab, const float* tbuf, float* lane) {
@@ -268,17 +280,33 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xp
       for (int64_t t = 0; t < tiles; ++t) {
         const __m512i v = _mm512_load_si512(tbuf + (t * 16 + w) * 16);
         __m512bh xv[MR];
-        for (int m = 0; m < MR; ++m)
-          xv[m] = reinterpret_cast<__m512bh>(
-              _mm512_load_si512(xpairs + (t * rows + m_rel + m) * 16));
+        __m512 x_odd[MR], x_even[MR];  // kFma: the pairs' halves (rows 2p + 1, 2p)
+        for (int m = 0; m < MR; ++m) {
+          if constexpr (kFma) {
+            x_odd[m] = _mm512_load_ps(xpairs + (t * rows + m_rel + m) * 32);
+            x_even[m] = _mm512_load_ps(xpairs + (t * rows + m_rel + m) * 32 + 16);
+          } else {
+            xv[m] = reinterpret_cast<__m512bh>(
+                _mm512_load_si512(xpairs + (t * rows + m_rel + m) * 16));
+          }
+        }
         for (int j = 0; j < kPairs; ++j) {
           const int e = b0 + j;
           const __m512i sh = e == 0 ? v : _mm512_srli_epi16(v, 4 * e);
           // (sh & low4) | unit_bit: imm 0xea = (A & B) | C
           const __m512i idx = _mm512_ternarylogic_epi32(sh, low4, unit_bit, 0xEA);
           const __m512i wv = _mm512_permutexvar_epi16(idx, tb[j]);
-          for (int m = 0; m < MR; ++m)
-            c[m][j] = _mm512_dpbf16_ps(c[m][j], xv[m], reinterpret_cast<__m512bh>(wv));
+          if constexpr (kFma) {
+            const __m512 w_odd = _mm512_castsi512_ps(
+                _mm512_and_si512(wv, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+            const __m512 w_even = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+            for (int m = 0; m < MR; ++m)
+              c[m][j] = _mm512_fmadd_ps(x_even[m], w_even,
+                                        _mm512_fmadd_ps(x_odd[m], w_odd, c[m][j]));
+          } else {
+            for (int m = 0; m < MR; ++m)
+              c[m][j] = _mm512_dpbf16_ps(c[m][j], xv[m], reinterpret_cast<__m512bh>(wv));
+          }
         }
       }
       for (int m = 0; m < MR; ++m)
@@ -298,7 +326,8 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
   float* lanes = scratch;                                 // [line][m][64 pairs][lanes]
   float* tabs = lanes + lines * 64 * kLaneFloats * rows;  // [line][64 pairs][16 dwords]
   float* tbuf = tabs + lines * 64 * 16;                   // [tile][16 words][16 rows]
-  float* xpairs = tbuf + (kLutStrip / 16) * 16 * 16;      // [tile][m][16 dwords] (bf16)
+  float* xpairs = tbuf + (kLutStrip / 16) * 16 * 16;      // [tile][m][16 or 32] (bf16)
+  const bool fma = D == Dtype::kBFloat16 && rows >= lut_fma_min_rows();
   // dword 4a + d of a tile's x pairs: (x[2p], x[2p + 1]), p = 2a + d / 2 (see lut_rows)
   const __m512i x_idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   std::memset(lanes, 0, sizeof(float) * lines * 64 * kLaneFloats * rows);
@@ -316,12 +345,19 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
       const int64_t kb = std::min(kLutStrip, (g + 1) * group_size - k0), tiles = kb / 16;
       if constexpr (D == Dtype::kBFloat16) {
         for (int64_t t = 0; t < tiles; ++t)
-          for (int64_t m = 0; m < rows; ++m)
-            _mm512_store_si512(xpairs + (t * rows + m) * 16,
-                               _mm512_permutexvar_epi32(
-                                   x_idx, _mm512_castsi256_si512(_mm256_loadu_si256(
-                                              reinterpret_cast<const __m256i*>(
-                                                  pb.x + (m_begin + m) * pb.ldx + k0 + 16 * t)))));
+          for (int64_t m = 0; m < rows; ++m) {
+            const __m512i xp = _mm512_permutexvar_epi32(
+                x_idx, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                           pb.x + (m_begin + m) * pb.ldx + k0 + 16 * t))));
+            if (fma) {  // odd halves (rows 2p + 1) then even ones, as fp32
+              _mm512_store_si512(
+                  xpairs + (t * rows + m) * 32,
+                  _mm512_and_si512(xp, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+              _mm512_store_si512(xpairs + (t * rows + m) * 32 + 16, _mm512_slli_epi32(xp, 16));
+            } else {
+              _mm512_store_si512(xpairs + (t * rows + m) * 16, xp);
+            }
+          }
       }
       for (int64_t l = 0; l < lines; ++l) {
         const int64_t words = std::min(kLutLineWords, words_all - 16 * l);
@@ -346,17 +382,27 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
         for (int64_t w = 0; w < words; ++w) {
           for (int64_t i = w * pf_per_word; i < std::min(pf_rows, (w + 1) * pf_per_word); ++i)
             _mm_prefetch(reinterpret_cast<const char*>(row + i * ldq), _MM_HINT_T1);
+          // MR rows from m in the chosen form (the fma form for bf16 only)
+          auto rows_mr = [&](auto mr, int64_t m) {
+            constexpr int kMr = decltype(mr)::value;
+            if (D == Dtype::kBFloat16 && fma)
+              lut_rows<D, kMr, D == Dtype::kBFloat16>(pb, xf, xpairs, rows, m, m - m_begin, w,
+                                                     k0, tiles, tab, tbuf, lane);
+            else
+              lut_rows<D, kMr>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf,
+                               lane);
+          };
+          using std::integral_constant;
           int64_t m = m_begin;
-          for (; m + 8 <= m_end; m += 8)
-            lut_rows<D, 8>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane);
+          for (; m + 8 <= m_end; m += 8) rows_mr(integral_constant<int, 8>{}, m);
           switch (m_end - m) {
-            case 7: lut_rows<D, 7>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 6: lut_rows<D, 6>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 5: lut_rows<D, 5>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 4: lut_rows<D, 4>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 3: lut_rows<D, 3>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 2: lut_rows<D, 2>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
-            case 1: lut_rows<D, 1>(pb, xf, xpairs, rows, m, m - m_begin, w, k0, tiles, tab, tbuf, lane); break;
+            case 7: rows_mr(integral_constant<int, 7>{}, m); break;
+            case 6: rows_mr(integral_constant<int, 6>{}, m); break;
+            case 5: rows_mr(integral_constant<int, 5>{}, m); break;
+            case 4: rows_mr(integral_constant<int, 4>{}, m); break;
+            case 3: rows_mr(integral_constant<int, 3>{}, m); break;
+            case 2: rows_mr(integral_constant<int, 2>{}, m); break;
+            case 1: rows_mr(integral_constant<int, 1>{}, m); break;
             default: break;
           }
         }

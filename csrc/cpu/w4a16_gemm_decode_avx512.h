@@ -32,9 +32,7 @@
 #include "cpu/amx_bf16.h"
 #include "cpu/w4a16_gemm_avx512.h"
 
-#ifdef W4K_HAVE_AVX512_PATH
-#include <x86intrin.h>  // __rdtsc
-#endif
+#include "cpu/dot_form.h"
 
 #ifdef W4K_HAVE_AVX512_PATH
 
@@ -400,50 +398,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx5
       default: passes(integral_constant<int, 8>{}, integral_constant<int, 1>{}); break;
     }
   }
-}
-
-// TSC ticks of one vdpbf16ps and of two fp32 FMAs (zmm, 8 independent chains each), the best
-// of 5 short runs: what the decode path's two forms spend per 32 products.
-__attribute__((target("avx512f,avx512bf16"), noinline)) inline void dot_form_ticks(
-    double* dpbf16, double* fma2) {
-  constexpr int kChains = 8, kIters = 512;
-  *dpbf16 = *fma2 = 1e30;
-  for (int trial = 0; trial < 5; ++trial) {
-    __m512 c[kChains];
-    for (int i = 0; i < kChains; ++i) c[i] = _mm512_set1_ps(static_cast<float>(i));
-    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);
-    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0.5f);
-    uint64_t t0 = __rdtsc();
-    for (int it = 0; it < kIters; ++it) {
-#pragma GCC unroll 8
-      for (int i = 0; i < kChains; ++i) c[i] = _mm512_dpbf16_ps(c[i], a, a);
-    }
-    uint64_t t1 = __rdtsc();
-    for (int it = 0; it < kIters; ++it) {
-#pragma GCC unroll 8
-      for (int i = 0; i < kChains; ++i) c[i] = _mm512_fmadd_ps(_mm512_fmadd_ps(c[i], x, y), x, y);
-    }
-    uint64_t t2 = __rdtsc();
-    __m512 sum = c[0];
-    for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, c[i]);
-    volatile float sink = _mm512_reduce_add_ps(sum);
-    (void)sink;
-    *dpbf16 = std::min(*dpbf16, static_cast<double>(t1 - t0) / (kIters * kChains));
-    *fma2 = std::min(*fma2, static_cast<double>(t2 - t1) / (kIters * kChains));
-  }
-}
-
-// Whether the fma form of the decode path (kSplitA) beats vdpbf16ps on this CPU: two FMAs take
-// at most 0.8x a vdpbf16ps (measured once per process). On the Zen 4 the path was tuned on a
-// vdpbf16ps issues like an FMA; on the AMX Xeon of 2026-11-28 it takes about 2.2 cycles, and
-// the fma form was 1.1-1.4x faster at 2-4 rows (L1-resident harness of pair_pass_avx512).
-inline bool fma_form_faster() {
-  static const bool faster = [] {
-    double dp = 0, fma2 = 0;
-    dot_form_ticks(&dp, &fma2);
-    return fma2 <= 0.8 * dp;
-  }();
-  return faster;
 }
 
 // Scratch of pair_chunks_avx512, kept by the caller across calls.
