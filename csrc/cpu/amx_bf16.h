@@ -87,8 +87,11 @@ Uninit64<T> make_uninit64(int64_t n) {
   return Uninit64<T>(static_cast<T*>(::operator new(sizeof(T) * n, std::align_val_t(64))));
 }
 
-// Rows of storage past M that a bf16 A operand needs for amx_bf16_rows(..., a_rows16 = true):
-// a last row block of fewer than 16 rows loads 16.
+// Rows of storage past M of an A operand that the tiles load 16 rows at a time, also for a last
+// row block of fewer (the bf16 activations of amx_bf16_rows(..., a_rows16 = true), the int8
+// mode's qa): the rows past the block's own only make C rows that are not kept, and no
+// partial block is copied into a zero-padded buffer every step (a tile load of bytes just
+// stored waits for the stores to reach L1: 35 % of amx_a8_rows' samples at M = 8).
 constexpr int64_t kAmxPadRows = 15;
 
 // fp16 activations on the tiles: rows m of a as split rows (amx_split_half) in blocks of 8

@@ -385,7 +385,7 @@ W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, in
           // MR rows from m in the chosen form (the fma form for bf16 only)
           auto rows_mr = [&](auto mr, int64_t m) {
             constexpr int kMr = decltype(mr)::value;
-            if (D == Dtype::kBFloat16 && fma)
+            if (fma)  // bf16 only
               lut_rows<D, kMr, D == Dtype::kBFloat16>(pb, xf, xpairs, rows, m, m - m_begin, w,
                                                      k0, tiles, tab, tbuf, lane);
             else

@@ -46,7 +46,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // (README "Whole-model speed"). Calls needing more than kKeptScratchBytes get a buffer of
   // their own, freed on return (a long prompt does not pin it for the thread's life).
   constexpr size_t kKeptScratchBytes = size_t{64} << 20;
-  const size_t qa_words = static_cast<size_t>((size_m + cpu::kA8QaPadRows) * p.lda_q + 3) / 4;
+  const size_t qa_words = static_cast<size_t>((size_m + cpu::kAmxPadRows) * p.lda_q + 3) / 4;
   const size_t block_words = static_cast<size_t>(size_m * p.num_blocks);
   const size_t need = qa_words + 2 * block_words + 16;  // + 16: qa starts on a 64-byte line
   thread_local std::vector<int32_t> kept_scratch;

@@ -777,7 +777,7 @@ __attribute__((noinline)) void amx_a8_rows(uint8_t* panel, int64_t block, const 
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t k0 = 0; k0 < block; k0 += kStepK) {
-      // 16 rows of qa also for a last row block of r < 16 (kA8QaPadRows): the rows past r
+      // 16 rows of qa also for a last row block of r < 16 (kAmxPadRows): the rows past r
       // hold other rows' or stale codes, and their C rows are not read.
       _tile_loadd(4, qa + i0 * lda_q + k0, lda_q);
       const uint8_t* w = panel + k0 / 4 * kBStride;  // quad rows k0 / 4 ..

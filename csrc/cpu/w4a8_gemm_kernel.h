@@ -86,7 +86,8 @@ struct W4a8Problem {
   int64_t block;            // activation block (rows of K), divides group_size
   HalfType type;            // activation / scale / output dtype
   // Quantized activations, laid out by quantize_a8_row: [M, K] int8 in the kernel's k order
-  // (row stride lda_q) and kA8QaPadRows rows more of storage, sa / sumqa [M, K / block] (row
+  // (row stride lda_q) and cpu::kAmxPadRows rows more of storage (the AMX-INT8 tiles load 16
+  // rows for a last row block of fewer), sa / sumqa [M, K / block] (row
   // stride num_blocks).
   const int8_t* qa;
   int64_t lda_q;
@@ -95,12 +96,6 @@ struct W4a8Problem {
   int64_t num_blocks;
   uint16_t* out;            // [M, N] half bits, row stride size_n
 };
-
-// Rows of qa storage past M: the AMX-INT8 tiles load 16 rows of qa for every row block, also
-// for a last one of fewer rows (their stale rows' C rows are not used), so no partial row
-// block is copied into a zero-padded buffer (a tile load of freshly stored bytes waits for the
-// stores to reach L1: at M = 8 that stall took 35 % of the tile kernel's time).
-constexpr int64_t kA8QaPadRows = 15;
 
 // Block of the activation quantization for a weight group of `group_size` rows (a multiple of
 // 16): the group itself up to 128, else the largest of 128, 64, 32, 16 dividing it.
