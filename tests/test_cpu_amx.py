@@ -176,6 +176,92 @@ def test_w4a16_amx_path_runs(monkeypatch, dtype):
     assert not golden.same_bits(amx, other)
 
 
+# ---- w4a16_gemm bf16 at M <= 12: the decode split on the tiles, weights as A ------------------
+# (cpu/w4a16_gemm_decode_amx.h: each tile row one output column over 32 k, x^T the B operand)
+
+# The tile path with the weights as B (the blocked path, amx_bf16.h) at every M, for comparison.
+TILES_AS_B = {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "0", "W4K_W4A16_PAIR_ROWS": "0"}
+# Groups for K = 1008 (63 k-tiles): 112 and 48 rows are odd numbers of k-tiles, so some 32-k
+# steps take two groups (the [T(g0) | T(g1)] lookups); 1008 itself has a last step of one tile.
+DECODE_CONFIGS = {"g112": (112, None, False, False), "g48_zp": (48, None, True, False),
+                  "chan_zp_bias": (-1, None, True, True), "act112_zp": (112, "k_full", True, True),
+                  "g128_zp_bias": (128, None, True, True)}
+
+
+def _decode_case(config, size_k, m, cancel):
+    group, act, zp, bias = DECODE_CONFIGS[config]
+    if size_k % group:
+        group = 16
+    return make_case(m, size_k, 192, group, torch.bfloat16, act, zp, bias, seed=m + size_k,
+                     cancel=cancel and act is None)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
+@pytest.mark.parametrize("size_k", [512, 1008])
+@pytest.mark.parametrize("config", list(DECODE_CONFIGS))
+def test_w4a16_amx_decode_same_bits_as_tiles_as_b(monkeypatch, config, size_k, m):
+    """Within one slice of K (<= 1024 k) the decode split on the tiles forms every output as the
+    tile path with the weights as B does: the same exact products, the same 32-k steps in k
+    order from zero (a step pairs the same products whichever operand is A). So its bits are
+    that path's, on an input where the summation order shows (`cancel`; plain random inputs
+    for act-order) and where the checks catch a wrong lookup, group, column or k order: an odd
+    number of k-tiles (the last step's missing tile masked), steps across two groups, zero
+    points, per channel with bias, act-order."""
+    b = backend_or_skip("cpu", OP)
+    case = _decode_case(config, size_k, m, cancel=True)
+    with monkeypatch.context() as mp:
+        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "12"})
+        decode = call(b, case)
+    with monkeypatch.context() as mp:
+        _env(mp, TILES_AS_B)
+        tiles = call(b, case)
+    assert golden.same_bits(decode, tiles)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 9, 12])
+@pytest.mark.parametrize("config", ["g128_zp_bias", "act112_zp", "chan_zp_bias"])
+def test_w4a16_amx_decode_k11008_and_threads(monkeypatch, config, m):
+    """K = 11008: 11 slices of K (the last of 48 k-tiles), their sums added in slice order; the
+    reference within the fp32-accumulation bound, and 1 and 2 threads give the same bits."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    group, act, zp, bias = DECODE_CONFIGS[config]
+    case = make_case(m, 11008, 320, 128 if group == 112 else group, torch.bfloat16, act, zp,
+                     bias, seed=m)
+    check_against_reference(b, case)
+    assert_threads_same_bits(b, case)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_w4a16_amx_decode_runs_by_default(monkeypatch, m):
+    """At M <= 4 the default (no override) is the tiles: the bits differ from the vdpbf16ps
+    decode path's (W4K_W4A16_AMX_DECODE_ROWS=0) on a cancelling input."""
+    b = backend_or_skip("cpu", OP)
+    monkeypatch.delenv("W4K_W4A16_AMX_DECODE_ROWS", raising=False)
+    monkeypatch.delenv("W4K_CPU_AMX", raising=False)
+    case = make_case(m, 1040, 192, 80, torch.bfloat16, None, True, False, seed=3, cancel=True)
+    tiles = call(b, case)
+    monkeypatch.setenv("W4K_W4A16_AMX_DECODE_ROWS", "0")
+    assert not golden.same_bits(tiles, call(b, case))
+
+
+def test_w4a16_amx_decode_ignores_stale_x_columns(monkeypatch):
+    """x^T's B tiles are kept per calling thread and a call writes only its M columns: after a
+    call of 12 rows of NaNs, calls of 1 and 3 rows give the same, finite, bits as before (a C
+    column depends on its own B column only, and the columns past M are not read); K = 1008
+    ends with a step of one k-tile, whose rows past K are zeroed for every column written."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "12"})
+    cases = [_decode_case("g48_zp", 1008, m, cancel=False) for m in (1, 3)]
+    before = [call(b, c) for c in cases]
+    poisoned = _decode_case("g48_zp", 1008, 12, cancel=False)
+    poisoned["a"] = torch.full((12, 1008), float("nan"), dtype=torch.bfloat16)
+    assert torch.isnan(call(b, poisoned)).all()
+    for c, out in zip(cases, before):
+        again = call(b, c)
+        assert torch.isfinite(again).all() and golden.same_bits(again, out)
+
+
 # ---- fp16 on the tiles: every value split into two bf16 (amx_bf16.h, amx_split_half) ------------
 
 

@@ -166,7 +166,10 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
       cpu::w4a16_gemm_row_paths(p, rows_per_block, isa, gather_bf16 || fp16_amx);
   const cpu::W4a16RowPaths last_paths =
       cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16 || fp16_amx);
-  const bool blocked = paths.blocked() && last_paths.blocked();
+  // M <= 4 on the decode path, and bf16 at M <= 12 on the AMX tiles: items of whole k-tile rows
+  // that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
+  const bool decode_split = cpu::w4a16_gemm_decode_split_applies(p, isa);
+  const bool blocked = paths.blocked() && last_paths.blocked() && !decode_split;
   const bool split_fp16 = fp16_amx && (paths.use_amx || last_paths.use_amx);
   const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx));
 
@@ -238,9 +241,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.c = c32;
   p.out16 = blocked ? out_bits : nullptr;
 
-  // M <= 4 on the decode path: items of whole k-tile rows instead
-  // (cpu/w4a16_gemm_decode_split.h).
-  if (cpu::w4a16_gemm_decode_split_applies(p, isa))
+  if (decode_split)
     cpu::w4a16_gemm_decode_split(p, static_cast<int>(threads));
   else
     cpu::WorkQueue::instance().run(num_items, static_cast<int>(threads), [&](int64_t item) {

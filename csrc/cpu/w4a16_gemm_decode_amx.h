@@ -1,0 +1,217 @@
+// The CPU w4a16_gemm decode split (w4a16_gemm_decode_split.h) on AMX-BF16 tiles for bf16
+// activations at M <= 12, with the weights as the A operand: out^T = W^T x^T (torch-free).
+//
+// Why. At M = 1..4 the vdpbf16ps decode path (w4a16_gemm_decode_avx512.h) spends per 32
+// weights a shift, a vpternlogd, a vpermt2w and, per row of a, a vdpbf16ps; on the Xeons with
+// AMX (Sapphire / Emerald Rapids) a 512-bit vpermt2w and a vdpbf16ps each take about two
+// cycles and do not overlap, so the loop is bound by them (~4.6 cycles per 32 weights at M = 1,
+// ~11 at M = 4). Here the products go to TDPBF16PS, whose 16 columns of x^T cost the same at
+// every M <= 16, and the vector units only look the weights up: per 32 weights half a
+// vpermt2d, a vpsrlvw, a vpermw and a store. Measured on the AMX Xeon (2 threads, weights
+// rotated, 7 alternating rounds, 2026-11-28), against the vdpbf16ps decode path: M = 1
+// 1.10-1.18x, M = 2 1.30-1.44x, M = 4 1.90-2.08x on 4096 x 4096, 11008 x 4096, 4096 x 11008;
+// against the M >= 5 tile path (weights as B): 1.3-1.7x at M = 5..12.
+//
+// A tile row = one output column n over one step of 32 k (two k-tiles kt, kt + 1; kt even),
+// dword p = the bf16 pair (w[2p], w[2p + 1]) of k = 32 s + 2p, so the 16 dwords are the
+// natural k order. Marlin's chunk words (w4a16_gemm_decode_avx512.h's header): line c of
+// k-tile kt is words 16c .. 16c + 15, lane L = 4t + j, and a 16-bit shift by 4e' (e' = h + 2 b2)
+// puts in the two halves of the lane the pair (2t + 8h, 2t + 8h + 1) of column 16j + c + 8 b2.
+// So dword p = 8 kt' + 4h + t of the row of column (j, c, b2) comes from lane 4t + j of line c
+// of tile kt + kt': one vpermt2d of the two tiles' line c gathers the 16 words of a column pair
+// (b2 = 0, 1), a vpsrlvw by 4h + 8 b2 per lane brings each pair's codes to the low bits, and a
+// vpermw looks the 16-bit weights up in the column's table of 16 bf16 values (the decode path's
+// pair tables, build_pair_table_avx512: 32 contiguous bytes per column and group) broadcast to
+// both halves of the register, so bit 4 of the index (the next nibble's) does not matter. A
+// step whose two tiles lie in different groups looks up [T(g0) | T(g1)] with bit 4 set to the
+// tile. Rows c + 8 b2 of A tile j are the columns 16j + c + 8 b2 = 16j .. 16j + 15 in order.
+//
+// B tile of step s (x^T): row p, dword m = (x[m, 32s + 2p], x[m, 32s + 2p + 1]) for m < M;
+// its other columns only feed C columns that are not read. C tile j: [16 columns 16j + r][16
+// columns m]. A last step of one k-tile (K / 16 odd) zeroes the A dwords of the missing tile
+// (masked lookup) and x^T's rows past K, so nothing but zeros meets there.
+//
+// Numerics: the exact bf16 products of the contract, summed in fp32 by TDPBF16PS per 32-k step
+// (its own order, cpu/amx_bf16.h), the steps of a slice of K in k order in the C tiles, the
+// slices then added in slice order (w4a16_gemm_decode_split.h): bits of their own (neither the
+// vdpbf16ps chain's nor the M >= 5 tile path's, which sums all of K in one chain), the same for
+// every thread count.
+//
+// Loop: per work item (a slice of K x a range of chunks) each chunk's four C tiles stay in tile
+// registers over the slice; the four A tiles of step s are decoded into one half of an 8 KiB
+// buffer, then the tiles of step s - 1 (the other half) are loaded and multiplied, so no tile
+// load reads bytes just stored (a lag of 2 or 3 steps measured the same). The next chunk's
+// tiles of the step are prefetched into L2 (they are 512 bytes further in the same rows).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "cpu/amx_bf16.h"
+#include "cpu/w4a16_gemm_decode_avx512.h"
+
+#if defined(W4K_HAVE_AMX_PATH) && defined(W4K_HAVE_AVX512_PATH)
+#define W4K_HAVE_W4A16_AMX_DECODE 1
+#endif
+
+namespace w4k::cpu {
+
+#ifdef W4K_HAVE_W4A16_AMX_DECODE
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's _mm512_inserti64x4
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define W4K_W4A16_AMX_DECODE \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+
+constexpr int64_t kAmxDecodeStepTiles = 2;  // k-tiles per 32-k tile step
+// Rows of a up to which the decode split runs on the tiles: its decode costs the same at every M
+// up to 16 (the tile columns), the M >= 5 tile path (weights as B, all of K per item) decodes
+// more per weight. Measured (2 threads, rotated weights, 9 alternating rounds, 2026-11-28):
+// 1.3-1.7x that path at M = 5..12 on the three shapes, 0.95-1.2x at 16.
+constexpr int64_t kAmxDecodeMaxRows = 12;
+// W4K_W4A16_AMX_DECODE_ROWS overrides it (0 turns the path off; at most 16).
+inline int64_t w4a16_amx_decode_max_rows() {
+  const char* env = std::getenv("W4K_W4A16_AMX_DECODE_ROWS");
+  return env ? std::min<int64_t>(16, std::atoll(env)) : kAmxDecodeMaxRows;
+}
+
+// Dwords of amx_decode_x_tiles' buffer: a 16 x 16 tile per 32-k step.
+inline int64_t amx_decode_x_dwords(int64_t size_k) { return (size_k + 31) / 32 * 256; }
+
+// x^T as B tiles for every step of K: xt[s * 256 + 16p + m] = the bf16 pair of x's row m at
+// k = 32s + 2p (m < rows; zero past K). Columns m >= rows are left as they are.
+inline void amx_decode_x_tiles(const uint16_t* a, int64_t lda, int64_t rows, int64_t size_k,
+                               uint32_t* xt) {
+  const int64_t pairs = size_k / 2, steps = (size_k + 31) / 32;
+  for (int64_t m = 0; m < rows; ++m) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(a + m * lda);
+    for (int64_t q = 0; q < steps * 16; ++q) xt[q * 16 + m] = q < pairs ? row[q] : 0u;
+  }
+}
+
+// One step's products: C tile j += A tile j (a[j]: 16 rows of 32 bf16) x the step's x^T tile.
+W4K_W4A16_AMX_DECODE inline void amx_decode_products(const uint32_t* xt_step,
+                                                     const uint16_t (*a)[16 * 32]) {
+  amx_stores_before_tile_load();  // the stores of a (one step ago) and of xt
+  _tile_loadd(6, xt_step, 64);
+  _tile_loadd(4, a[0], 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(5, a[1], 64);
+  _tile_dpbf16ps(1, 5, 6);
+  _tile_loadd(4, a[2], 64);
+  _tile_dpbf16ps(2, 4, 6);
+  _tile_loadd(5, a[3], 64);
+  _tile_dpbf16ps(3, 5, 6);
+  amx_stores_before_tile_load();  // before the next stores into a
+}
+
+// Chunks [ch0, ch1) x k-tiles [kt0, kt1) (kt0 even) for rows [0, rows): the raw fp32 sums (no
+// scale per channel, no bias) to part[m * size_n + 64 ch + n]. xt: amx_decode_x_tiles of the
+// whole K. tbl: scratch for the pair tables of one chunk (groups of the slice). Every tile of
+// the range has one group (tile_group >= 0). Needs an AmxTileScope on this thread.
+W4K_W4A16_AMX_DECODE inline void amx_decode_chunks(
+    const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows, int64_t kt0,
+    int64_t kt1, const int32_t* tile_group, const uint32_t* xt, std::vector<uint16_t>& tbl,
+    float* part) {
+  const int64_t word_stride = 2 * p.size_n;
+  const bool per_channel = p.num_groups == 1;
+  int64_t g_first = INT64_MAX, g_last = -1;
+  for (int64_t kt = kt0; kt < kt1; ++kt) {
+    g_first = std::min<int64_t>(g_first, tile_group[kt]);
+    g_last = std::max<int64_t>(g_last, tile_group[kt]);
+  }
+  tbl.resize((g_last - g_first + 1) * kPairTable<false>);
+  // vpermt2d: dword p = 8 kt' + 4h + t <- lane 4t + j of tile kt' (kt' = 1: the second source)
+  __m512i gather[4];
+  for (int j = 0; j < 4; ++j) {
+    alignas(64) int32_t v[16];
+    for (int q = 0; q < 16; ++q) v[q] = 16 * (q >> 3) + 4 * (q & 3) + j;
+    gather[j] = _mm512_load_si512(v);
+  }
+  // vpsrlvw: 4h + 8 b2 for both halves of dword p (h = bit 2 of p)
+  __m512i shift[2];
+  for (int b2 = 0; b2 < 2; ++b2) {
+    alignas(64) int16_t v[32];
+    for (int w = 0; w < 32; ++w) v[w] = static_cast<int16_t>(4 * ((w >> 3) & 1) + 8 * b2);
+    shift[b2] = _mm512_load_si512(v);
+  }
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  // bit 4 of the index = the tile (dwords 8..15: kt' = 1), for steps across two groups
+  const __m512i tile_bit = _mm512_inserti64x4(_mm512_setzero_si512(),
+                                              _mm256_set1_epi32(0x00100010), 1);
+  constexpr __mmask32 kFirstTile = 0x0000ffffu;  // the 16-bit lanes of dwords 0..7
+  alignas(64) uint16_t abuf[2][4][16 * 32];       // [step parity][tile j][row][32 bf16]
+  alignas(64) float cbuf[4][16 * 16];
+  for (int64_t ch = ch0; ch < ch1; ++ch) {
+    for (int64_t g = g_first; g <= g_last; ++g)
+      build_pair_table_avx512<false>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+                                     p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+                                     tbl.data() + (g - g_first) * kPairTable<false>);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const int32_t* chunk_words = p.b_q_weight + 128 * ch;
+    int64_t last = 0;  // the last step decoded
+    for (int64_t kt = kt0; kt < kt1; kt += kAmxDecodeStepTiles) {
+      const int32_t* w0 = chunk_words + kt * word_stride;
+      const bool two_tiles = kt + 1 < kt1;
+      if (ch + 1 < ch1)
+        for (int t = 0; t < (two_tiles ? 2 : 1); ++t)
+          for (int l = 0; l < 8; ++l)
+            _mm_prefetch(reinterpret_cast<const char*>(w0 + t * word_stride + 128 + 16 * l),
+                         _MM_HINT_T1);
+      const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
+      const uint16_t* t0 = tbl.data() + (g0 - g_first) * kPairTable<false>;
+      const uint16_t* t1 = tbl.data() + (g1 - g_first) * kPairTable<false>;
+      const int64_t step = (kt - kt0) / kAmxDecodeStepTiles;
+      const int half = static_cast<int>(step & 1);
+      for (int c = 0; c < 8; ++c) {
+        const __m512i line0 = _mm512_loadu_si512(w0 + 16 * c);
+        const __m512i line1 =
+            two_tiles ? _mm512_loadu_si512(w0 + word_stride + 16 * c) : _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+          const __m512i words = _mm512_permutex2var_epi32(line0, gather[j], line1);
+          for (int b2 = 0; b2 < 2; ++b2) {
+            const int64_t col = (2 * c + b2) * 64 + 16 * j;  // the column's 16 entries
+            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t0 + col));
+            __m512i idx = _mm512_srlv_epi16(words, shift[b2]);
+            __m512i table;
+            if (g1 == g0) {
+              table = _mm512_broadcast_i64x4(lo);
+            } else {
+              table = _mm512_inserti64x4(
+                  _mm512_castsi256_si512(lo),
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t1 + col)), 1);
+              idx = _mm512_ternarylogic_epi32(idx, code_mask, tile_bit, 0xea);  // (A&B)|C
+            }
+            const __m512i wv = two_tiles ? _mm512_permutexvar_epi16(idx, table)
+                                         : _mm512_maskz_permutexvar_epi16(kFirstTile, idx, table);
+            _mm512_store_si512(abuf[half][j] + (c + 8 * b2) * 32, wv);
+          }
+        }
+      }
+      if (step > 0) amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1]);
+      last = step;
+    }
+    amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1]);
+    _tile_stored(0, cbuf[0], 64);
+    _tile_stored(1, cbuf[1], 64);
+    _tile_stored(2, cbuf[2], 64);
+    _tile_stored(3, cbuf[3], 64);
+    for (int64_t m = 0; m < rows; ++m)
+      for (int n = 0; n < 64; ++n)
+        part[m * p.size_n + 64 * ch + n] = cbuf[n / 16][(n % 16) * 16 + m];
+  }
+}
+
+#pragma GCC diagnostic pop
+
+#endif  // W4K_HAVE_W4A16_AMX_DECODE
+
+}  // namespace w4k::cpu
