@@ -188,11 +188,11 @@ DECODE_CONFIGS = {"g112": (112, None, False, False), "g48_zp": (48, None, True, 
                   "g128_zp_bias": (128, None, True, True)}
 
 
-def _decode_case(config, size_k, m, cancel):
+def _decode_case(config, size_k, m, cancel, dtype=torch.bfloat16):
     group, act, zp, bias = DECODE_CONFIGS[config]
     if size_k % group:
         group = 16
-    return make_case(m, size_k, 192, group, torch.bfloat16, act, zp, bias, seed=m + size_k,
+    return make_case(m, size_k, 192, group, dtype, act, zp, bias, seed=m + size_k,
                      cancel=cancel and act is None)
 
 
@@ -243,6 +243,67 @@ def test_w4a16_amx_decode_runs_by_default(monkeypatch, m):
     tiles = call(b, case)
     monkeypatch.setenv("W4K_W4A16_AMX_DECODE_ROWS", "0")
     assert not golden.same_bits(tiles, call(b, case))
+
+
+@pytest.mark.parametrize("m", [3, 4, 6, 8])
+@pytest.mark.parametrize("size_k", [512, 1008])
+@pytest.mark.parametrize("config", list(DECODE_CONFIGS))
+def test_w4a16_amx_decode_fp16_same_bits_as_tiles_as_b(monkeypatch, config, size_k, m):
+    """fp16 at 3..8 rows: every value split into bf16 hi and lo parts, x^T's columns 0..7 the
+    rows' hi parts and 8..15 their lo parts, per step the hi A tiles' products then the lo ones
+    (per channel no lo parts: the weights are integers), each output its hi column plus its lo
+    column: within one slice of K the bits of the tile path with the weights as B."""
+    b = backend_or_skip("cpu", OP)
+    case = _decode_case(config, size_k, m, cancel=True, dtype=torch.float16)
+    with monkeypatch.context() as mp:
+        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "8"})
+        decode = call(b, case)
+    with monkeypatch.context() as mp:
+        _env(mp, TILES_AS_B)
+        tiles = call(b, case)
+    assert golden.same_bits(decode, tiles)
+
+
+@pytest.mark.parametrize("m", [3, 8])
+@pytest.mark.parametrize("config", ["g128_zp_bias", "chan_zp_bias"])
+def test_w4a16_amx_decode_fp16_k11008_and_threads(monkeypatch, config, m):
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    group, act, zp, bias = DECODE_CONFIGS[config]
+    case = make_case(m, 11008, 320, group, torch.float16, act, zp, bias, seed=m)
+    check_split_against_reference(b, case)
+    assert_threads_same_bits(b, case)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 9])
+def test_w4a16_amx_decode_fp16_rows(monkeypatch, m):
+    """fp16 takes the tiles at 3..8 rows by default: at 3..6 the bits differ from those with the
+    path off (the fp16 decode path's fp32 FMAs; at 7..8 that is the tile path with the weights as
+    B, whose bits these are within a slice of K), and at 1..2 and 9 they are the same."""
+    b = backend_or_skip("cpu", OP)
+    monkeypatch.delenv("W4K_W4A16_AMX_DECODE_ROWS", raising=False)
+    monkeypatch.delenv("W4K_W4A16_AMX_DECODE_MIN_ROWS", raising=False)
+    monkeypatch.delenv("W4K_CPU_AMX", raising=False)
+    case = make_case(m, 1040, 192, 80, torch.float16, None, True, False, seed=3, cancel=True)
+    default = call(b, case)
+    monkeypatch.setenv("W4K_W4A16_AMX_DECODE_ROWS", "0")
+    assert golden.same_bits(default, call(b, case)) == (m not in (3, 6))
+
+
+def test_w4a16_amx_decode_fp16_infinities(monkeypatch):
+    """An infinite activation cannot be split (amx_split_activations_ok): at 4 rows the call
+    takes the fp16 decode path, +-inf and NaN where the reference has them."""
+    b = backend_or_skip("cpu", OP)
+    _env(monkeypatch, AMX_ON)
+    case = make_case(4, 256, 64, 128, torch.float16, seed=2)
+    case["a"][0, 5] = float("inf")
+    case["a"][3, 200] = -float("inf")
+    out = call(b, case).double()
+    ref = reference.w4a16_gemm(**op_args(case))
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert out.isinf().any()
+    fin = ref.isfinite()
+    assert bool(((out - ref).abs()[fin] <= tolerance(case, ref)[fin]).all())
 
 
 def test_w4a16_amx_decode_ignores_stale_x_columns(monkeypatch):

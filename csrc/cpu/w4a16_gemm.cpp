@@ -125,16 +125,21 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   p.bias = args.has_bias ? bias32.data_ptr<float>() : nullptr;
   at::Tensor out = at::empty({size_m, size_n}, a.options());
   const bool gather_bf16 = type == cpu::HalfType::kBFloat16;
-  // fp16 on a CPU with AMX tiles: the tile path takes a split into bf16 hi and lo parts
-  // (cpu/amx_bf16.h, amx_split_half) where it runs.
-  // (The scans last: they read the activations and the scales, only where the tiles can run.)
-  const bool fp16_amx =
+  // fp16 on a CPU with AMX tiles: the tile paths take a split into bf16 hi and lo parts
+  // (cpu/amx_bf16.h, amx_split_half) where every value splits (the scans read the activations
+  // and the scales, only where the tiles can run).
+  p.amx_split_ok =
       type == cpu::HalfType::kFloat16 && isa == cpu::CpuIsa::kAvx512Bf16 &&
-      size_m > cpu::w4a16_gemm_pair_max_rows(true, true) && cpu::amx_bf16_enabled() &&
+      cpu::amx_bf16_enabled() &&
       cpu::amx_split_activations_ok(reinterpret_cast<const uint16_t*>(a.data_ptr()), size_m,
                                     size_k, a.stride(0)) &&
       cpu::amx_split_scales_ok(reinterpret_cast<const uint16_t*>(b_scales.data_ptr()),
                                b_scales.numel());
+  // M <= 4 on the decode path, and at M <= 12 (bf16) / 8 (fp16) on the AMX tiles: items of whole
+  // k-tile rows that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
+  const bool decode_split = cpu::w4a16_gemm_decode_split_applies(p, isa);
+  const bool fp16_amx = p.amx_split_ok && !decode_split &&
+                        size_m > cpu::w4a16_gemm_pair_max_rows(true, true);
 
   // Work items = (row block, group of consecutive 64-column chunks). Every item dequantizes its
   // chunks' weights once, so rows are split only when there are too few chunks to keep every
@@ -166,9 +171,6 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
       cpu::w4a16_gemm_row_paths(p, rows_per_block, isa, gather_bf16 || fp16_amx);
   const cpu::W4a16RowPaths last_paths =
       cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16 || fp16_amx);
-  // M <= 4 on the decode path, and bf16 at M <= 12 on the AMX tiles: items of whole k-tile rows
-  // that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
-  const bool decode_split = cpu::w4a16_gemm_decode_split_applies(p, isa);
   const bool blocked = paths.blocked() && last_paths.blocked() && !decode_split;
   const bool split_fp16 = fp16_amx && (paths.use_amx || last_paths.use_amx);
   const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx));

@@ -1,5 +1,6 @@
-// The CPU w4a16_gemm decode split (w4a16_gemm_decode_split.h) on AMX-BF16 tiles for bf16
-// activations at M <= 12, with the weights as the A operand: out^T = W^T x^T (torch-free).
+// The CPU w4a16_gemm decode split (w4a16_gemm_decode_split.h) on AMX-BF16 tiles, with the weights
+// as the A operand: out^T = W^T x^T (torch-free). bf16 activations at M <= 12, fp16 at M = 3..8
+// (every fp16 value split into bf16 hi and lo parts, as the other tile path does: below).
 //
 // Why. At M = 1..4 the vdpbf16ps decode path (w4a16_gemm_decode_avx512.h) spends per 32
 // weights a shift, a vpternlogd, a vpermt2w and, per row of a, a vdpbf16ps; on the Xeons with
@@ -31,11 +32,20 @@
 // columns m]. A last step of one k-tile (K / 16 odd) zeroes the A dwords of the missing tile
 // (masked lookup) and x^T's rows past K, so nothing but zeros meets there.
 //
+// fp16: the weights rounded to fp16 and split into hi and lo parts (build_pair_table_avx512's
+// kSplit tables: two lookups per A row), x^T's columns 0..7 the hi parts of the rows and 8..15
+// their lo parts (amx_decode_x_tiles_split), per step the four hi A tiles' products, then the
+// four lo ones into the same C tiles (per channel the lo parts are zero: no lo tiles), and each
+// output its hi column plus its lo column: the products and the order of the tile path with the
+// weights as B (cpu/amx_bf16.h amx_split_half), so where that path runs the same checks hold
+// (no infinite activation, scales of at most 4096: W4a16GemmProblem::amx_split_ok).
+//
 // Numerics: the exact bf16 products of the contract, summed in fp32 by TDPBF16PS per 32-k step
 // (its own order, cpu/amx_bf16.h), the steps of a slice of K in k order in the C tiles, the
-// slices then added in slice order (w4a16_gemm_decode_split.h): bits of their own (neither the
-// vdpbf16ps chain's nor the M >= 5 tile path's, which sums all of K in one chain), the same for
-// every thread count.
+// slices then added in slice order (w4a16_gemm_decode_split.h): within a slice (K <= 1024) the
+// bits of the tile path with the weights as B (a step pairs the same products whichever operand
+// is A; tested), over several slices the slices' sums added (that path chains all of K); not
+// the vdpbf16ps chain's; the same for every thread count.
 //
 // Loop: per work item (a slice of K x a range of chunks) each chunk's four C tiles stay in tile
 // registers over the slice; the four A tiles of step s are decoded into one half of an 8 KiB
@@ -74,10 +84,25 @@ constexpr int64_t kAmxDecodeStepTiles = 2;  // k-tiles per 32-k tile step
 // more per weight. Measured (2 threads, rotated weights, 9 alternating rounds, 2026-11-28):
 // 1.3-1.7x that path at M = 5..12 on the three shapes, 0.95-1.2x at 16.
 constexpr int64_t kAmxDecodeMaxRows = 12;
-// W4K_W4A16_AMX_DECODE_ROWS overrides it (0 turns the path off; at most 16).
-inline int64_t w4a16_amx_decode_max_rows() {
+// fp16 (every value split into bf16 hi and lo parts, cpu/amx_bf16.h): x^T holds the hi parts of
+// the rows in columns 0..7 and their lo parts in 8..15, so at most 8 rows; and from 3 rows: the
+// split doubles the lookups, the stores and the tile products, and its tables cost 3x the bf16
+// ones, so at 1..2 rows the fp16 decode path (fp32 FMAs) stays ahead. Measured (2 threads,
+// weights rotated, 7 alternating rounds, two runs, 2026-11-28) over the paths before: M = 1
+// 0.74-0.76x, M = 2 0.88-0.89x, M = 3 1.04-1.12x, M = 4 1.05-1.36x, M = 6 1.62-1.74x, M = 8
+// 1.13-1.70x on the three shapes.
+constexpr int64_t kAmxDecodeMinRowsFp16 = 3, kAmxDecodeMaxRowsFp16 = 8;
+// W4K_W4A16_AMX_DECODE_ROWS overrides the upper limits (0 turns the path off; at most 16 and
+// 8), W4K_W4A16_AMX_DECODE_MIN_ROWS the lower one of fp16.
+inline int64_t w4a16_amx_decode_max_rows(bool fp16) {
+  const int64_t cap = fp16 ? kAmxDecodeMaxRowsFp16 : 16;
   const char* env = std::getenv("W4K_W4A16_AMX_DECODE_ROWS");
-  return env ? std::min<int64_t>(16, std::atoll(env)) : kAmxDecodeMaxRows;
+  return env ? std::min<int64_t>(cap, std::atoll(env))
+             : fp16 ? kAmxDecodeMaxRowsFp16 : kAmxDecodeMaxRows;
+}
+inline int64_t w4a16_amx_decode_min_rows(bool fp16) {
+  const char* env = std::getenv("W4K_W4A16_AMX_DECODE_MIN_ROWS");
+  return !fp16 ? 1 : env ? std::atoll(env) : kAmxDecodeMinRowsFp16;
 }
 
 // Dwords of amx_decode_x_tiles' buffer: a 16 x 16 tile per 32-k step.
@@ -91,6 +116,29 @@ inline void amx_decode_x_tiles(const uint16_t* a, int64_t lda, int64_t rows, int
   for (int64_t m = 0; m < rows; ++m) {
     const uint32_t* row = reinterpret_cast<const uint32_t*>(a + m * lda);
     for (int64_t q = 0; q < steps * 16; ++q) xt[q * 16 + m] = q < pairs ? row[q] : 0u;
+  }
+}
+
+// fp16: the same from the fp32 rows a (fp16 values, exact), each split into its bf16 hi part
+// (column m) and lo part (column 8 + m; amx_split_half). rows <= 8. tmp: 2 * size_k scratch.
+W4K_W4A16_AMX_DECODE inline void amx_decode_x_tiles_split(const float* a, int64_t lda,
+                                                          int64_t rows, int64_t size_k,
+                                                          uint16_t* tmp, uint32_t* xt) {
+  const int64_t pairs = size_k / 2, steps = (size_k + 31) / 32;
+  const uint32_t* parts[2] = {reinterpret_cast<const uint32_t*>(tmp),
+                              reinterpret_cast<const uint32_t*>(tmp + size_k)};
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t k = 0; k < size_k; k += 16) {  // K is a multiple of 16
+      __m512i hi, lo;
+      amx_split_half(_mm512_loadu_ps(a + m * lda + k), hi, lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp + k),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp + size_k + k),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int64_t q = 0; q < steps * 16; ++q)
+        xt[q * 16 + 8 * h + m] = q < pairs ? parts[h][q] : 0u;
   }
 }
 
@@ -110,11 +158,88 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_products(const uint32_t* xt_step,
   amx_stores_before_tile_load();  // before the next stores into a
 }
 
+// The shuffle constants of the decode (amx_decode_chunks_impl).
+struct AmxDecodeConsts {
+  __m512i gather[4];  // vpermt2d: dword p = 8 kt' + 4h + t <- lane 4t + j of tile kt'
+  __m512i shift[2];   // vpsrlvw: 4h + 8 b2 for both halves of dword p (h = bit 2 of p)
+  __m512i code_mask;  // the code's 4 bits in each half
+  __m512i tile_bit;   // bit 4 of the index = the tile (dwords 8..15: kt' = 1)
+  W4K_W4A16_AMX_DECODE AmxDecodeConsts() {
+    for (int j = 0; j < 4; ++j) {
+      alignas(64) int32_t v[16];
+      for (int q = 0; q < 16; ++q) v[q] = 16 * (q >> 3) + 4 * (q & 3) + j;
+      gather[j] = _mm512_load_si512(v);
+    }
+    for (int b2 = 0; b2 < 2; ++b2) {
+      alignas(64) int16_t v[32];
+      for (int w = 0; w < 32; ++w) v[w] = static_cast<int16_t>(4 * ((w >> 3) & 1) + 8 * b2);
+      shift[b2] = _mm512_load_si512(v);
+    }
+    code_mask = _mm512_set1_epi32(0x000f000f);
+    tile_bit = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(0x00100010), 1);
+  }
+};
+
+// The 16-bit weights of one A row from its table(s): idx from the vpsrlvw (kTwoGroups, a step
+// across two groups: bit 4 set to the tile), t0 / t1: the column's 16 entries in the tables of
+// the step's first and second tile; !kTwoTiles (one tile only): its dwords 8..15 zero.
+template <bool kTwoGroups, bool kTwoTiles>
+W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline __m512i amx_decode_lookup(
+    __m512i idx, const uint16_t* t0, const uint16_t* t1) {
+  const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t0));
+  __m512i table;
+  if constexpr (kTwoGroups)
+    table = _mm512_inserti64x4(_mm512_castsi256_si512(first),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t1)), 1);
+  else
+    table = _mm512_broadcast_i64x4(first);
+  constexpr __mmask32 kFirstTile = 0x0000ffffu;  // the 16-bit lanes of dwords 0..7
+  if constexpr (kTwoTiles) return _mm512_permutexvar_epi16(idx, table);
+  return _mm512_maskz_permutexvar_epi16(kFirstTile, idx, table);
+}
+
+// The A tiles of one step of one chunk: a[part][j][row c + 8 b2] (part 1: the lo parts, kLo)
+// from the 8 lines of the step's tile(s) at w0 (the second word_stride further), tables t0 / t1
+// (lo parts kLoTable entries further).
+template <bool kLo, bool kTwoGroups, bool kTwoTiles>
+W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_step(
+    const int32_t* w0, int64_t word_stride, const uint16_t* t0, const uint16_t* t1,
+    const AmxDecodeConsts& k, uint16_t (*a)[4][16 * 32]) {
+  constexpr int64_t kLoTable = 1024;
+  for (int c = 0; c < 8; ++c) {
+    const __m512i line0 = _mm512_loadu_si512(w0 + 16 * c);
+    const __m512i line1 =
+        kTwoTiles ? _mm512_loadu_si512(w0 + word_stride + 16 * c) : _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i words = _mm512_permutex2var_epi32(line0, k.gather[j], line1);
+      for (int b2 = 0; b2 < 2; ++b2) {
+        const int64_t col = (2 * c + b2) * 64 + 16 * j;  // the column's 16 entries
+        __m512i idx = _mm512_srlv_epi16(words, k.shift[b2]);
+        if constexpr (kTwoGroups)
+          idx = _mm512_ternarylogic_epi32(idx, k.code_mask, k.tile_bit, 0xea);  // (A & B) | C
+        const int row = c + 8 * b2;
+        _mm512_store_si512(a[0][j] + row * 32,
+                           amx_decode_lookup<kTwoGroups, kTwoTiles>(idx, t0 + col, t1 + col));
+        if constexpr (kLo)
+          _mm512_store_si512(a[1][j] + row * 32, amx_decode_lookup<kTwoGroups, kTwoTiles>(
+                                                     idx, t0 + kLoTable + col, t1 + kLoTable + col));
+      }
+    }
+  }
+}
+
 // Chunks [ch0, ch1) x k-tiles [kt0, kt1) (kt0 even) for rows [0, rows): the raw fp32 sums (no
-// scale per channel, no bias) to part[m * size_n + 64 ch + n]. xt: amx_decode_x_tiles of the
-// whole K. tbl: scratch for the pair tables of one chunk (groups of the slice). Every tile of
-// the range has one group (tile_group >= 0). Needs an AmxTileScope on this thread.
-W4K_W4A16_AMX_DECODE inline void amx_decode_chunks(
+// scale per channel, no bias) to part[m * size_n + 64 ch + n]. xt: amx_decode_x_tiles (fp16:
+// amx_decode_x_tiles_split) of the whole K. tbl: scratch for the pair tables of one chunk
+// (groups of the slice). Every tile of the range has one group (tile_group >= 0). Needs an
+// AmxTileScope on this thread.
+// kFp16: the weights rounded to fp16 and split into bf16 hi and lo parts (the tables of
+// build_pair_table_avx512's kSplit); kLo: their lo parts are looked up and multiplied too (per
+// channel they are zero: the weights are the integers q - z), after the hi parts of each step,
+// as the tile path with the weights as B adds them; each output is its hi column plus its lo
+// column.
+template <bool kFp16, bool kLo>
+W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows, int64_t kt0,
     int64_t kt1, const int32_t* tile_group, const uint32_t* xt, std::vector<uint16_t>& tbl,
     float* part) {
@@ -125,33 +250,18 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks(
     g_first = std::min<int64_t>(g_first, tile_group[kt]);
     g_last = std::max<int64_t>(g_last, tile_group[kt]);
   }
-  tbl.resize((g_last - g_first + 1) * kPairTable<false>);
-  // vpermt2d: dword p = 8 kt' + 4h + t <- lane 4t + j of tile kt' (kt' = 1: the second source)
-  __m512i gather[4];
-  for (int j = 0; j < 4; ++j) {
-    alignas(64) int32_t v[16];
-    for (int q = 0; q < 16; ++q) v[q] = 16 * (q >> 3) + 4 * (q & 3) + j;
-    gather[j] = _mm512_load_si512(v);
-  }
-  // vpsrlvw: 4h + 8 b2 for both halves of dword p (h = bit 2 of p)
-  __m512i shift[2];
-  for (int b2 = 0; b2 < 2; ++b2) {
-    alignas(64) int16_t v[32];
-    for (int w = 0; w < 32; ++w) v[w] = static_cast<int16_t>(4 * ((w >> 3) & 1) + 8 * b2);
-    shift[b2] = _mm512_load_si512(v);
-  }
-  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
-  // bit 4 of the index = the tile (dwords 8..15: kt' = 1), for steps across two groups
-  const __m512i tile_bit = _mm512_inserti64x4(_mm512_setzero_si512(),
-                                              _mm256_set1_epi32(0x00100010), 1);
-  constexpr __mmask32 kFirstTile = 0x0000ffffu;  // the 16-bit lanes of dwords 0..7
-  alignas(64) uint16_t abuf[2][4][16 * 32];       // [step parity][tile j][row][32 bf16]
+  constexpr int64_t kTable = kPairTable<kFp16>;
+  tbl.resize((g_last - g_first + 1) * kTable);
+  const AmxDecodeConsts consts;
+  // [step parity][hi, lo][tile j][row][32 bf16]
+  alignas(64) uint16_t abuf[2][kLo ? 2 : 1][4][16 * 32];
   alignas(64) float cbuf[4][16 * 16];
   for (int64_t ch = ch0; ch < ch1; ++ch) {
     for (int64_t g = g_first; g <= g_last; ++g)
-      build_pair_table_avx512<false>(per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
-                                     p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-                                     tbl.data() + (g - g_first) * kPairTable<false>);
+      build_pair_table_avx512<kFp16, false, kFp16>(
+          per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+          p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+          tbl.data() + (g - g_first) * kTable);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -167,47 +277,46 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks(
             _mm_prefetch(reinterpret_cast<const char*>(w0 + t * word_stride + 128 + 16 * l),
                          _MM_HINT_T1);
       const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
-      const uint16_t* t0 = tbl.data() + (g0 - g_first) * kPairTable<false>;
-      const uint16_t* t1 = tbl.data() + (g1 - g_first) * kPairTable<false>;
+      const uint16_t* t0 = tbl.data() + (g0 - g_first) * kTable;
+      const uint16_t* t1 = tbl.data() + (g1 - g_first) * kTable;
+      const bool two_groups = g1 != g0;
       const int64_t step = (kt - kt0) / kAmxDecodeStepTiles;
       const int half = static_cast<int>(step & 1);
-      for (int c = 0; c < 8; ++c) {
-        const __m512i line0 = _mm512_loadu_si512(w0 + 16 * c);
-        const __m512i line1 =
-            two_tiles ? _mm512_loadu_si512(w0 + word_stride + 16 * c) : _mm512_setzero_si512();
-        for (int j = 0; j < 4; ++j) {
-          const __m512i words = _mm512_permutex2var_epi32(line0, gather[j], line1);
-          for (int b2 = 0; b2 < 2; ++b2) {
-            const int64_t col = (2 * c + b2) * 64 + 16 * j;  // the column's 16 entries
-            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t0 + col));
-            __m512i idx = _mm512_srlv_epi16(words, shift[b2]);
-            __m512i table;
-            if (g1 == g0) {
-              table = _mm512_broadcast_i64x4(lo);
-            } else {
-              table = _mm512_inserti64x4(
-                  _mm512_castsi256_si512(lo),
-                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t1 + col)), 1);
-              idx = _mm512_ternarylogic_epi32(idx, code_mask, tile_bit, 0xea);  // (A&B)|C
-            }
-            const __m512i wv = two_tiles ? _mm512_permutexvar_epi16(idx, table)
-                                         : _mm512_maskz_permutexvar_epi16(kFirstTile, idx, table);
-            _mm512_store_si512(abuf[half][j] + (c + 8 * b2) * 32, wv);
-          }
-        }
+      if (!two_tiles)
+        amx_decode_step<kLo, false, false>(w0, word_stride, t0, t1, consts, abuf[half]);
+      else if (two_groups)
+        amx_decode_step<kLo, true, true>(w0, word_stride, t0, t1, consts, abuf[half]);
+      else
+        amx_decode_step<kLo, false, true>(w0, word_stride, t0, t1, consts, abuf[half]);
+      if (step > 0) {
+        amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1][0]);
+        if constexpr (kLo) amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1][kLo]);
       }
-      if (step > 0) amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1]);
       last = step;
     }
-    amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1]);
+    amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1][0]);
+    if constexpr (kLo) amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1][kLo]);
     _tile_stored(0, cbuf[0], 64);
     _tile_stored(1, cbuf[1], 64);
     _tile_stored(2, cbuf[2], 64);
     _tile_stored(3, cbuf[3], 64);
     for (int64_t m = 0; m < rows; ++m)
-      for (int n = 0; n < 64; ++n)
-        part[m * p.size_n + 64 * ch + n] = cbuf[n / 16][(n % 16) * 16 + m];
+      for (int n = 0; n < 64; ++n) {
+        const float* c_row = cbuf[n / 16] + (n % 16) * 16;
+        part[m * p.size_n + 64 * ch + n] = kFp16 ? c_row[m] + c_row[8 + m] : c_row[m];
+      }
   }
+}
+
+inline void amx_decode_chunks(const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows,
+                              int64_t kt0, int64_t kt1, const int32_t* tile_group,
+                              const uint32_t* xt, std::vector<uint16_t>& tbl, float* part) {
+  if (p.weight_type == HalfType::kBFloat16)
+    amx_decode_chunks_impl<false, false>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
+  else if (p.num_groups == 1)
+    amx_decode_chunks_impl<true, false>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
+  else
+    amx_decode_chunks_impl<true, true>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
 }
 
 #pragma GCC diagnostic pop

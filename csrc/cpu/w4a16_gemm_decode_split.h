@@ -53,14 +53,16 @@ inline bool decode_tile_groups(const W4a16GemmProblem& p, std::vector<int32_t>& 
   return any_mixed_tile;
 }
 
-// Whether the K-sliced split runs on the AMX tiles (w4a16_gemm_decode_amx.h): bf16 activations,
-// AMX-BF16, M <= w4a16_amx_decode_max_rows(), every k-tile in one group and the groups of each
-// slice of K fewer than its k-tiles (sorted g_idx: always; per channel and groups of whole
-// k-tiles: always).
+// Whether the K-sliced split runs on the AMX tiles (w4a16_gemm_decode_amx.h): AMX-BF16, bf16
+// activations, or fp16 ones that split into bf16 parts (p.amx_split_ok), M within
+// w4a16_amx_decode_min_rows .. w4a16_amx_decode_max_rows, every k-tile in one group and the groups of each slice of K fewer
+// than its k-tiles (sorted g_idx: always; per channel and groups of whole k-tiles: always).
 inline bool w4a16_amx_decode_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #ifdef W4K_HAVE_W4A16_AMX_DECODE
-  if (p.weight_type != HalfType::kBFloat16 || isa != CpuIsa::kAvx512Bf16 ||
-      p.size_m > w4a16_amx_decode_max_rows() || !amx_bf16_enabled())
+  const bool fp16 = p.weight_type == HalfType::kFloat16;
+  if ((fp16 && !p.amx_split_ok) || isa != CpuIsa::kAvx512Bf16 ||
+      p.size_m > w4a16_amx_decode_max_rows(fp16) || p.size_m < w4a16_amx_decode_min_rows(fp16) ||
+      !amx_bf16_enabled())
     return false;
   if (p.g_idx == nullptr) return p.group_size % 16 == 0;
   thread_local std::vector<int32_t> tile_group;
@@ -133,7 +135,12 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
   thread_local Vector64<uint32_t> xt;
   if (amx) {
     xt.resize(amx_decode_x_dwords(p.size_k));
-    amx_decode_x_tiles(p.a_bf16, p.lda_bf16, p.size_m, p.size_k, xt.data());
+    if (fp16) {
+      std::vector<uint16_t> tmp(2 * p.size_k);
+      amx_decode_x_tiles_split(p.a, p.lda, p.size_m, p.size_k, tmp.data(), xt.data());
+    } else {
+      amx_decode_x_tiles(p.a_bf16, p.lda_bf16, p.size_m, p.size_k, xt.data());
+    }
   }
   const uint32_t* xt_data = xt.data();  // the workers' own xt would be another thread_local
 #endif

@@ -33,6 +33,9 @@ struct W4a16GemmProblem {
   int64_t num_groups;          // G, rows of scales (and zeros)
   int64_t group_size;          // rows per group when g_idx == nullptr (K / G; K for G == 1)
   HalfType weight_type;        // the half type w is rounded to (= a's dtype)
+  // fp16 on AMX tiles: the activations have no infinity and the scales are at most 4096 in
+  // magnitude, so every value splits into bf16 hi and lo parts (cpu/amx_bf16.h; the binding)
+  bool amx_split_ok = false;
   // fp16 activations given as bf16: the AMX path's split rows (the binding makes them only there)
   bool a_split() const { return weight_type == HalfType::kFloat16 && a_bf16 != nullptr; }
 };
