@@ -173,7 +173,9 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
       cpu::w4a16_gemm_row_paths(p, last_block_rows, isa, gather_bf16 || fp16_amx);
   const bool blocked = paths.blocked() && last_paths.blocked() && !decode_split;
   const bool split_fp16 = fp16_amx && (paths.use_amx || last_paths.use_amx);
-  const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx));
+  // (bf16 on the decode split's tiles reads only the bf16 copy)
+  const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx)) &&
+                        !(decode_split && gather_bf16 && cpu::w4a16_amx_decode_applies(p, isa));
 
   // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
   // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS
