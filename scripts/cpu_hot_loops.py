@@ -31,8 +31,11 @@ PATTERNS = [
     r"w4k::cpu::micro_avx512<\d+, (true|false)>",
     r"w4k::cpu::micro_avx2<\d+, \d+, (true|false)>",
     r"w4k::kai::.*tile_avx512<\d+>",
+    # the decode split on AMX tiles: its step loop (lookups, stores, TDPBF16PS) keeps the
+    # shuffle constants in registers
+    r"w4k::cpu::amx_decode_chunks_impl<(true|false), (true|false)>",
 ]
-DOT = re.compile(r"^(vdpbf16ps|vfmadd\w+|vpdpbusd|vmulps)\b")
+DOT = re.compile(r"^(vdpbf16ps|vfmadd\w+|vpdpbusd|vmulps|tdpbf16ps)\b")
 STACK_STORE = re.compile(r"^vmov\w*\s+%[xyz]mm\d+,(-?0x[0-9a-f]+)?\((%rsp|%rbp)\)")
 HEADER = re.compile(r"^([0-9a-f]+) <(.*)>:$")
 INSN = re.compile(r"^\s+([0-9a-f]+):\s+(.*)$")

@@ -4,7 +4,8 @@ A register-blocked kernel with its accumulator array stored to the stack on ever
 still computes the right result, so no numerics test notices; it only runs slower (2026-11-24:
 a quarter of the AVX-512 decode path's speed at 8 rows in one form, a third of the AVX2
 micro-kernel's). scripts/cpu_hot_loops.py disassembles the built extension and reports, for the
-decode path, the blocked micro-kernels (AVX-512 and AVX2) and the KleidiAI AVX-512 tiles, any
+decode path (and its split on AMX tiles), the blocked micro-kernels (AVX-512 and AVX2) and the
+KleidiAI AVX-512 tiles, any
 innermost dot-product loop that stores vectors to more than one stack slot.
 """
 
@@ -27,7 +28,8 @@ def test_no_stack_stores_in_dot_loops():
     result = cpu_hot_loops.check(ext.__file__)
     names = [name for name, _, _ in result]
     # The kernels are compiled into every x86-64 build (each carries its own target attribute).
-    for kernel in ("pair_pass_avx512", "micro_bf16_avx512", "micro_avx2", "tile_avx512"):
+    for kernel in ("pair_pass_avx512", "micro_bf16_avx512", "micro_avx2", "tile_avx512",
+                   "amx_decode_chunks_impl"):
         assert any(kernel in n for n in names), f"{kernel} not found in {ext.__file__}"
     bad = [(name, slots) for name, loops, slots in result if slots > 1]
     assert not bad, "dot loops storing vectors to the stack: " + "; ".join(

@@ -221,8 +221,9 @@ W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_step(
         _mm512_store_si512(a[0][j] + row * 32,
                            amx_decode_lookup<kTwoGroups, kTwoTiles>(idx, t0 + col, t1 + col));
         if constexpr (kLo)
-          _mm512_store_si512(a[1][j] + row * 32, amx_decode_lookup<kTwoGroups, kTwoTiles>(
-                                                     idx, t0 + kLoTable + col, t1 + kLoTable + col));
+          _mm512_store_si512(a[1][j] + row * 32,
+                             amx_decode_lookup<kTwoGroups, kTwoTiles>(idx, t0 + kLoTable + col,
+                                                                      t1 + kLoTable + col));
       }
     }
   }
@@ -288,9 +289,10 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
         amx_decode_step<kLo, true, true>(w0, word_stride, t0, t1, consts, abuf[half]);
       else
         amx_decode_step<kLo, false, true>(w0, word_stride, t0, t1, consts, abuf[half]);
-      if (step > 0) {
-        amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1][0]);
-        if constexpr (kLo) amx_decode_products(xt + (kt0 / 2 + step - 1) * 256, abuf[half ^ 1][kLo]);
+      if (step > 0) {  // the previous step's products
+        const uint32_t* xt_step = xt + (kt0 / 2 + step - 1) * 256;
+        amx_decode_products(xt_step, abuf[half ^ 1][0]);
+        if constexpr (kLo) amx_decode_products(xt_step, abuf[half ^ 1][kLo]);
       }
       last = step;
     }

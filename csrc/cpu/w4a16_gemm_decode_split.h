@@ -55,8 +55,9 @@ inline bool decode_tile_groups(const W4a16GemmProblem& p, std::vector<int32_t>& 
 
 // Whether the K-sliced split runs on the AMX tiles (w4a16_gemm_decode_amx.h): AMX-BF16, bf16
 // activations, or fp16 ones that split into bf16 parts (p.amx_split_ok), M within
-// w4a16_amx_decode_min_rows .. w4a16_amx_decode_max_rows, every k-tile in one group and the groups of each slice of K fewer
-// than its k-tiles (sorted g_idx: always; per channel and groups of whole k-tiles: always).
+// w4a16_amx_decode_min_rows .. w4a16_amx_decode_max_rows, every k-tile in one group and the
+// groups of each slice of K fewer than its k-tiles (sorted g_idx: always; per channel and groups
+// of whole k-tiles: always).
 inline bool w4a16_amx_decode_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #ifdef W4K_HAVE_W4A16_AMX_DECODE
   const bool fp16 = p.weight_type == HalfType::kFloat16;
@@ -70,7 +71,8 @@ inline bool w4a16_amx_decode_applies(const W4a16GemmProblem& p, CpuIsa isa) {
   const int64_t num_tiles = p.size_k / 16;
   for (int64_t kt0 = 0; kt0 < num_tiles; kt0 += kDecodeSliceTiles) {
     const int32_t* tg = tile_group.data();
-    const auto [lo, hi] = std::minmax_element(tg + kt0, tg + std::min(num_tiles, kt0 + kDecodeSliceTiles));
+    const int64_t kt1 = std::min(num_tiles, kt0 + kDecodeSliceTiles);
+    const auto [lo, hi] = std::minmax_element(tg + kt0, tg + kt1);
     if (*hi - *lo >= kDecodeSliceTiles) return false;
   }
   return true;
@@ -97,7 +99,8 @@ inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa is
 }
 
 // c = epilogue(a @ w) for all of p (M <= kDecodeSplitMaxRows, on the AMX tiles M <=
-// w4a16_amx_decode_max_rows()), on `threads` threads of the work queue. Call only where w4a16_gemm_decode_split_applies.
+// w4a16_amx_decode_max_rows), on `threads` threads of the work queue. Call only where
+// w4a16_gemm_decode_split_applies.
 inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
 #ifdef W4K_HAVE_AVX512_PATH
   const int64_t num_tiles = p.size_k / 16, num_chunks = p.size_n / 64;
