@@ -196,6 +196,20 @@ def _decode_case(config, size_k, m, cancel, dtype=torch.bfloat16):
                      cancel=cancel and act is None)
 
 
+def _assert_decode_bits_are_tiles_as_b(monkeypatch, case):
+    """The op on the decode split's tiles (every row it takes, forced on) and on the tile path
+    with the weights as B: the same bits."""
+    b = backend_or_skip("cpu", OP)
+    with monkeypatch.context() as mp:
+        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "16",
+                  "W4K_W4A16_AMX_DECODE_MIN_ROWS": "1"})
+        decode = call(b, case)
+    with monkeypatch.context() as mp:
+        _env(mp, TILES_AS_B)
+        tiles = call(b, case)
+    assert golden.same_bits(decode, tiles)
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
 @pytest.mark.parametrize("size_k", [512, 1008])
 @pytest.mark.parametrize("config", list(DECODE_CONFIGS))
@@ -207,15 +221,7 @@ def test_w4a16_amx_decode_same_bits_as_tiles_as_b(monkeypatch, config, size_k, m
     for act-order) and where the checks catch a wrong lookup, group, column or k order: an odd
     number of k-tiles (the last step's missing tile masked), steps across two groups, zero
     points, per channel with bias, act-order."""
-    b = backend_or_skip("cpu", OP)
-    case = _decode_case(config, size_k, m, cancel=True)
-    with monkeypatch.context() as mp:
-        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "12"})
-        decode = call(b, case)
-    with monkeypatch.context() as mp:
-        _env(mp, TILES_AS_B)
-        tiles = call(b, case)
-    assert golden.same_bits(decode, tiles)
+    _assert_decode_bits_are_tiles_as_b(monkeypatch, _decode_case(config, size_k, m, cancel=True))
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 9, 12])
@@ -253,15 +259,8 @@ def test_w4a16_amx_decode_fp16_same_bits_as_tiles_as_b(monkeypatch, config, size
     rows' hi parts and 8..15 their lo parts, per step the hi A tiles' products then the lo ones
     (per channel no lo parts: the weights are integers), each output its hi column plus its lo
     column: within one slice of K the bits of the tile path with the weights as B."""
-    b = backend_or_skip("cpu", OP)
-    case = _decode_case(config, size_k, m, cancel=True, dtype=torch.float16)
-    with monkeypatch.context() as mp:
-        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "8"})
-        decode = call(b, case)
-    with monkeypatch.context() as mp:
-        _env(mp, TILES_AS_B)
-        tiles = call(b, case)
-    assert golden.same_bits(decode, tiles)
+    _assert_decode_bits_are_tiles_as_b(
+        monkeypatch, _decode_case(config, size_k, m, cancel=True, dtype=torch.float16))
 
 
 @pytest.mark.parametrize("m", [3, 8])
