@@ -33,7 +33,7 @@ PATTERNS = [
     r"w4k::kai::.*tile_avx512<\d+>",
     # the decode split on AMX tiles: its step loop (lookups, stores, TDPBF16PS) keeps the
     # shuffle constants in registers
-    r"w4k::cpu::amx_decode_chunks_impl<(true|false), (true|false)>",
+    r"w4k::cpu::amx_decode_chunks_impl<(true|false), (true|false), \d>",
 ]
 DOT = re.compile(r"^(vdpbf16ps|vfmadd\w+|vpdpbusd|vmulps|tdpbf16ps)\b")
 STACK_STORE = re.compile(r"^vmov\w*\s+%[xyz]mm\d+,(-?0x[0-9a-f]+)?\((%rsp|%rbp)\)")

@@ -251,19 +251,20 @@ def test_w4a16_amx_decode_runs_by_default(monkeypatch, m):
     assert not golden.same_bits(tiles, call(b, case))
 
 
-@pytest.mark.parametrize("m", [3, 4, 6, 8])
+@pytest.mark.parametrize("m", [3, 4, 6, 8, 9, 12, 16])
 @pytest.mark.parametrize("size_k", [512, 1008])
 @pytest.mark.parametrize("config", list(DECODE_CONFIGS))
 def test_w4a16_amx_decode_fp16_same_bits_as_tiles_as_b(monkeypatch, config, size_k, m):
-    """fp16 at 3..8 rows: every value split into bf16 hi and lo parts, x^T's columns 0..7 the
-    rows' hi parts and 8..15 their lo parts, per step the hi A tiles' products then the lo ones
-    (per channel no lo parts: the weights are integers), each output its hi column plus its lo
-    column: within one slice of K the bits of the tile path with the weights as B."""
+    """fp16 at 3..16 rows: every value split into bf16 hi and lo parts, x^T's columns 0..7 the
+    hi parts of 8 rows and 8..15 their lo parts (a second x^T tile for rows 8..15, each chunk
+    then in two passes over its column halves), per step the hi A tiles' products then the lo
+    ones (per channel no lo parts: the weights are integers), each output its hi column plus its
+    lo column: within one slice of K the bits of the tile path with the weights as B."""
     _assert_decode_bits_are_tiles_as_b(
         monkeypatch, _decode_case(config, size_k, m, cancel=True, dtype=torch.float16))
 
 
-@pytest.mark.parametrize("m", [3, 8])
+@pytest.mark.parametrize("m", [3, 8, 13])
 @pytest.mark.parametrize("config", ["g128_zp_bias", "chan_zp_bias"])
 def test_w4a16_amx_decode_fp16_k11008_and_threads(monkeypatch, config, m):
     b = backend_or_skip("cpu", OP)
@@ -274,11 +275,12 @@ def test_w4a16_amx_decode_fp16_k11008_and_threads(monkeypatch, config, m):
     assert_threads_same_bits(b, case)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 6, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 17])
 def test_w4a16_amx_decode_fp16_rows(monkeypatch, m):
-    """fp16 takes the tiles at 3..8 rows by default: at 3..6 the bits differ from those with the
-    path off (the fp16 decode path's fp32 FMAs; at 7..8 that is the tile path with the weights as
-    B, whose bits these are within a slice of K), and at 1..2 and 9 they are the same."""
+    """fp16 takes the tiles at 3..16 rows by default: at 3..6 the bits differ from those with the
+    path off (the fp16 decode path's fp32 FMAs; from 7 rows that is the tile path with the
+    weights as B, whose bits these are within a slice of K: next test), and at 1..2 and 17 they
+    are the same."""
     b = backend_or_skip("cpu", OP)
     monkeypatch.delenv("W4K_W4A16_AMX_DECODE_ROWS", raising=False)
     monkeypatch.delenv("W4K_W4A16_AMX_DECODE_MIN_ROWS", raising=False)
@@ -287,6 +289,33 @@ def test_w4a16_amx_decode_fp16_rows(monkeypatch, m):
     default = call(b, case)
     monkeypatch.setenv("W4K_W4A16_AMX_DECODE_ROWS", "0")
     assert golden.same_bits(default, call(b, case)) == (m not in (3, 6))
+
+
+@pytest.mark.parametrize("dtype, m", [(torch.bfloat16, 5), (torch.bfloat16, 12),
+                                      (torch.float16, 7), (torch.float16, 16)])
+def test_w4a16_amx_decode_runs_where_the_tiles_as_b_ran(monkeypatch, dtype, m):
+    """A witness that the decode split's tiles run at the rows where the tile path with the
+    weights as B ran before (bf16 5..12, fp16 7..16), whose bits they share within a slice of K:
+    over two slices they differ from it. Per channel, K = 2048, column k = 3 and k = 1027 hold
+    the same codes and the activations there are +L and -L: the tile path adds L w in the first
+    slice's chain and -L w in the second's, so the small products between pass through sums of
+    size L w; the split adds the two slices' sums once. (The same with the split forced off is
+    the tile path both times: same bits, as the same-bits tests show.)"""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 2048, 192, -1, dtype, None, False, False, seed=m)
+    q = case["_qz"] + 8  # the codes (symmetric: z = 8)
+    q[1027] = q[3]
+    case["b_q_weight"] = reference.marlin_pack(q)
+    big = 60000.0 if dtype == torch.float16 else 2.0 ** 24
+    case["a"][:, 3] = big
+    case["a"][:, 1027] = -big
+    with monkeypatch.context() as mp:
+        _env(mp, {**AMX_ON, "W4K_W4A16_AMX_DECODE_ROWS": "16"})
+        decode = call(b, case)
+    with monkeypatch.context() as mp:
+        _env(mp, TILES_AS_B)
+        tiles = call(b, case)
+    assert not golden.same_bits(decode, tiles)
 
 
 def test_w4a16_amx_decode_fp16_infinities(monkeypatch):

@@ -218,8 +218,9 @@ inline bool amx_int8_enabled() {
 }
 
 // Tiles 0..3: C (16 rows x 16 fp32), 4: A (16 rows x 32 bf16), 5 and 6: B (16 pair rows x 16
-// columns). Configured for the scope of one work item on its thread, released at its end (a
-// released thread has no tile state for the OS to save on a context switch).
+// columns); 7 (16 x 64 bytes) for w4a16_gemm_decode_amx.h's second x^T tile. Configured for the
+// scope of one work item on its thread, released at its end (a released thread has no tile
+// state for the OS to save on a context switch).
 class AmxTileScope {
  public:
   explicit AmxTileScope(bool on) : on_(on) {
@@ -237,12 +238,12 @@ class AmxTileScope {
     uint16_t colsb[16];
     uint8_t rows[16];
   };
-  // Palette 1, tiles 0..6 of 16 rows x 64 bytes. A constant in read-only data: GCC 12's
+  // Palette 1, tiles 0..7 of 16 rows x 64 bytes. A constant in read-only data: GCC 12's
   // _tile_loadconfig declares only 8 of the 64 bytes as read by its asm, so a configuration
   // built on the stack lost the stores to the rest as dead and ldtilecfg faulted on garbage.
   __attribute__((target("amx-tile"))) static void configure() {
     alignas(64) static constexpr Config kConfig = {
-        1, 0, {}, {64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16}};
+        1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
     _tile_loadconfig(&kConfig);
   }
   __attribute__((target("amx-tile"))) static void release() { _tile_release(); }

@@ -135,8 +135,8 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                                     size_k, a.stride(0)) &&
       cpu::amx_split_scales_ok(reinterpret_cast<const uint16_t*>(b_scales.data_ptr()),
                                b_scales.numel());
-  // M <= 4 on the decode path, and at M <= 12 (bf16) / 8 (fp16) on the AMX tiles: items of whole
-  // k-tile rows that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
+  // M <= 4 on the decode path, and at M <= 12 (bf16) / 3..16 (fp16) on the AMX tiles: items of
+  // whole k-tile rows that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
   const bool decode_split = cpu::w4a16_gemm_decode_split_applies(p, isa);
   const bool fp16_amx = p.amx_split_ok && !decode_split &&
                         size_m > cpu::w4a16_gemm_pair_max_rows(true, true);

@@ -1,5 +1,5 @@
 // The CPU w4a16_gemm decode split (w4a16_gemm_decode_split.h) on AMX-BF16 tiles, with the weights
-// as the A operand: out^T = W^T x^T (torch-free). bf16 activations at M <= 12, fp16 at M = 3..8
+// as the A operand: out^T = W^T x^T (torch-free). bf16 activations at M <= 12, fp16 at M = 3..16
 // (every fp16 value split into bf16 hi and lo parts, as the other tile path does: below).
 //
 // Why. At M = 1..4 the vdpbf16ps decode path (w4a16_gemm_decode_avx512.h) spends per 32
@@ -84,20 +84,20 @@ constexpr int64_t kAmxDecodeStepTiles = 2;  // k-tiles per 32-k tile step
 // more per weight. Measured (2 threads, rotated weights, 9 alternating rounds, 2026-11-28):
 // 1.3-1.7x that path at M = 5..12 on the three shapes, 0.95-1.2x at 16.
 constexpr int64_t kAmxDecodeMaxRows = 12;
-// fp16 (every value split into bf16 hi and lo parts, cpu/amx_bf16.h): x^T holds the hi parts of
-// the rows in columns 0..7 and their lo parts in 8..15, so at most 8 rows; and from 3 rows: the
+// fp16 (every value split into bf16 hi and lo parts, cpu/amx_bf16.h): an x^T tile holds the hi
+// parts of 8 rows in columns 0..7 and their lo parts in 8..15, a second one rows 8..15 (each
+// chunk then in two passes over its column halves), so at most 16 rows; and from 3 rows: the
 // split doubles the lookups, the stores and the tile products, and its tables cost 3x the bf16
 // ones, so at 1..2 rows the fp16 decode path (fp32 FMAs) stays ahead. Measured (2 threads,
 // weights rotated, 7 alternating rounds, two runs, 2026-11-28) over the paths before: M = 1
 // 0.74-0.76x, M = 2 0.88-0.89x, M = 3 1.04-1.12x, M = 4 1.05-1.36x, M = 6 1.62-1.74x, M = 8
-// 1.13-1.70x on the three shapes.
-constexpr int64_t kAmxDecodeMinRowsFp16 = 3, kAmxDecodeMaxRowsFp16 = 8;
-// W4K_W4A16_AMX_DECODE_ROWS overrides the upper limits (0 turns the path off; at most 16 and
-// 8), W4K_W4A16_AMX_DECODE_MIN_ROWS the lower one of fp16.
+// 1.13-1.70x, M = 9 / 12 / 16 1.33-1.59x on the three shapes.
+constexpr int64_t kAmxDecodeMinRowsFp16 = 3, kAmxDecodeMaxRowsFp16 = 16;
+// W4K_W4A16_AMX_DECODE_ROWS overrides the upper limits (0 turns the path off; at most 16),
+// W4K_W4A16_AMX_DECODE_MIN_ROWS the lower one of fp16.
 inline int64_t w4a16_amx_decode_max_rows(bool fp16) {
-  const int64_t cap = fp16 ? kAmxDecodeMaxRowsFp16 : 16;
   const char* env = std::getenv("W4K_W4A16_AMX_DECODE_ROWS");
-  return env ? std::min<int64_t>(cap, std::atoll(env))
+  return env ? std::min<int64_t>(16, std::atoll(env))
              : fp16 ? kAmxDecodeMaxRowsFp16 : kAmxDecodeMaxRows;
 }
 inline int64_t w4a16_amx_decode_min_rows(bool fp16) {
@@ -105,8 +105,13 @@ inline int64_t w4a16_amx_decode_min_rows(bool fp16) {
   return !fp16 ? 1 : env ? std::atoll(env) : kAmxDecodeMinRowsFp16;
 }
 
-// Dwords of amx_decode_x_tiles' buffer: a 16 x 16 tile per 32-k step.
-inline int64_t amx_decode_x_dwords(int64_t size_k) { return (size_k + 31) / 32 * 256; }
+// x^T tiles per 32-k step: one (bf16: 16 rows; fp16: the hi and lo parts of 8 rows), or for fp16
+// at 9..16 rows two.
+inline int64_t amx_decode_x_blocks(int64_t rows, bool fp16) { return fp16 && rows > 8 ? 2 : 1; }
+// Dwords of the x^T buffer: 16 x 16 per tile.
+inline int64_t amx_decode_x_dwords(int64_t size_k, int64_t blocks) {
+  return (size_k + 31) / 32 * 256 * blocks;
+}
 
 // x^T as B tiles for every step of K: xt[s * 256 + 16p + m] = the bf16 pair of x's row m at
 // k = 32s + 2p (m < rows; zero past K). Columns m >= rows are left as they are.
@@ -119,12 +124,16 @@ inline void amx_decode_x_tiles(const uint16_t* a, int64_t lda, int64_t rows, int
   }
 }
 
-// fp16: the same from the fp32 rows a (fp16 values, exact), each split into its bf16 hi part
-// (column m) and lo part (column 8 + m; amx_split_half). rows <= 8. tmp: 2 * size_k scratch.
+// fp16: the same from the fp32 rows a (fp16 values, exact), each split into its bf16 hi and lo
+// parts (amx_split_half), in blocks of 8 rows: x^T tile b of step s holds rows 8b .. 8b + 7, the
+// hi part of row 8b + i in column i, its lo part in column 8 + i:
+// xt[(s * blocks + b) * 256 + 16p + 8h + i], blocks = amx_decode_x_blocks(rows) (rows <= 16).
+// tmp: 2 * size_k scratch.
 W4K_W4A16_AMX_DECODE inline void amx_decode_x_tiles_split(const float* a, int64_t lda,
                                                           int64_t rows, int64_t size_k,
                                                           uint16_t* tmp, uint32_t* xt) {
   const int64_t pairs = size_k / 2, steps = (size_k + 31) / 32;
+  const int64_t blocks = amx_decode_x_blocks(rows, true);
   const uint32_t* parts[2] = {reinterpret_cast<const uint32_t*>(tmp),
                               reinterpret_cast<const uint32_t*>(tmp + size_k)};
   for (int64_t m = 0; m < rows; ++m) {
@@ -136,25 +145,40 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_x_tiles_split(const float* a, int64_
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp + size_k + k),
                           _mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)));
     }
+    const int64_t b = m / 8, i = m % 8;
     for (int h = 0; h < 2; ++h)
       for (int64_t q = 0; q < steps * 16; ++q)
-        xt[q * 16 + 8 * h + m] = q < pairs ? parts[h][q] : 0u;
+        xt[((q / 16) * blocks + b) * 256 + (q % 16) * 16 + 8 * h + i] =
+            q < pairs ? parts[h][q] : 0u;
   }
 }
 
-// One step's products: C tile j += A tile j (a[j]: 16 rows of 32 bf16) x the step's x^T tile.
+// One step's products with one part's A tiles (a[jl]: 16 rows of 32 bf16): kBlocks = 1: C tile
+// j += A tile j x the x^T tile; kBlocks = 2 (fp16, 9..16 rows, a half of the chunk's columns):
+// C tile 2 jl + b += A tile jl x x^T tile b.
+template <int kBlocks>
 W4K_W4A16_AMX_DECODE inline void amx_decode_products(const uint32_t* xt_step,
                                                      const uint16_t (*a)[16 * 32]) {
   amx_stores_before_tile_load();  // the stores of a (one step ago) and of xt
   _tile_loadd(6, xt_step, 64);
-  _tile_loadd(4, a[0], 64);
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_loadd(5, a[1], 64);
-  _tile_dpbf16ps(1, 5, 6);
-  _tile_loadd(4, a[2], 64);
-  _tile_dpbf16ps(2, 4, 6);
-  _tile_loadd(5, a[3], 64);
-  _tile_dpbf16ps(3, 5, 6);
+  if constexpr (kBlocks == 1) {
+    _tile_loadd(4, a[0], 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, a[1], 64);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_loadd(4, a[2], 64);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_loadd(5, a[3], 64);
+    _tile_dpbf16ps(3, 5, 6);
+  } else {
+    _tile_loadd(7, xt_step + 256, 64);
+    _tile_loadd(4, a[0], 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a[1], 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
   amx_stores_before_tile_load();  // before the next stores into a
 }
 
@@ -198,19 +222,21 @@ W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline __m512i amx_decode_lo
   return _mm512_maskz_permutexvar_epi16(kFirstTile, idx, table);
 }
 
-// The A tiles of one step of one chunk: a[part][j][row c + 8 b2] (part 1: the lo parts, kLo)
-// from the 8 lines of the step's tile(s) at w0 (the second word_stride further), tables t0 / t1
-// (lo parts kLoTable entries further).
-template <bool kLo, bool kTwoGroups, bool kTwoTiles>
+// The A tiles of one step of one chunk, columns 16j .. 16j + 15 for j = j0 .. j0 + kJ - 1:
+// a[part][j - j0][row c + 8 b2] (part 1: the lo parts, kLo) from the 8 lines of the step's
+// tile(s) at w0 (the second word_stride further), tables t0 / t1 (lo parts kLoTable entries
+// further).
+template <bool kLo, bool kTwoGroups, bool kTwoTiles, int kJ>
 W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_step(
     const int32_t* w0, int64_t word_stride, const uint16_t* t0, const uint16_t* t1,
-    const AmxDecodeConsts& k, uint16_t (*a)[4][16 * 32]) {
+    const AmxDecodeConsts& k, int j0, uint16_t (*a)[4][16 * 32]) {
   constexpr int64_t kLoTable = 1024;
   for (int c = 0; c < 8; ++c) {
     const __m512i line0 = _mm512_loadu_si512(w0 + 16 * c);
     const __m512i line1 =
         kTwoTiles ? _mm512_loadu_si512(w0 + word_stride + 16 * c) : _mm512_setzero_si512();
-    for (int j = 0; j < 4; ++j) {
+    for (int jl = 0; jl < kJ; ++jl) {
+      const int j = j0 + jl;
       const __m512i words = _mm512_permutex2var_epi32(line0, k.gather[j], line1);
       for (int b2 = 0; b2 < 2; ++b2) {
         const int64_t col = (2 * c + b2) * 64 + 16 * j;  // the column's 16 entries
@@ -218,10 +244,10 @@ W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_step(
         if constexpr (kTwoGroups)
           idx = _mm512_ternarylogic_epi32(idx, k.code_mask, k.tile_bit, 0xea);  // (A & B) | C
         const int row = c + 8 * b2;
-        _mm512_store_si512(a[0][j] + row * 32,
+        _mm512_store_si512(a[0][jl] + row * 32,
                            amx_decode_lookup<kTwoGroups, kTwoTiles>(idx, t0 + col, t1 + col));
         if constexpr (kLo)
-          _mm512_store_si512(a[1][j] + row * 32,
+          _mm512_store_si512(a[1][jl] + row * 32,
                              amx_decode_lookup<kTwoGroups, kTwoTiles>(idx, t0 + kLoTable + col,
                                                                       t1 + kLoTable + col));
       }
@@ -238,8 +264,10 @@ W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_step(
 // build_pair_table_avx512's kSplit); kLo: their lo parts are looked up and multiplied too (per
 // channel they are zero: the weights are the integers q - z), after the hi parts of each step,
 // as the tile path with the weights as B adds them; each output is its hi column plus its lo
-// column.
-template <bool kFp16, bool kLo>
+// column. kBlocks = 2 (fp16 at 9..16 rows): two x^T tiles per step (rows 0..7 and 8..15), each
+// chunk in two passes over the slice, one per half of its columns (2 x 2 C tiles; the second
+// pass reads the lines again, from L1 or L2).
+template <bool kFp16, bool kLo, int kBlocks>
 W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
     const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows, int64_t kt0,
     int64_t kt1, const int32_t* tile_group, const uint32_t* xt, std::vector<uint16_t>& tbl,
@@ -263,62 +291,72 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
           per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
           p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
           tbl.data() + (g - g_first) * kTable);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    constexpr int kJ = 4 / kBlocks;  // 16-column tiles per pass
     const int32_t* chunk_words = p.b_q_weight + 128 * ch;
-    int64_t last = 0;  // the last step decoded
-    for (int64_t kt = kt0; kt < kt1; kt += kAmxDecodeStepTiles) {
-      const int32_t* w0 = chunk_words + kt * word_stride;
-      const bool two_tiles = kt + 1 < kt1;
-      if (ch + 1 < ch1)
-        for (int t = 0; t < (two_tiles ? 2 : 1); ++t)
-          for (int l = 0; l < 8; ++l)
-            _mm_prefetch(reinterpret_cast<const char*>(w0 + t * word_stride + 128 + 16 * l),
-                         _MM_HINT_T1);
-      const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
-      const uint16_t* t0 = tbl.data() + (g0 - g_first) * kTable;
-      const uint16_t* t1 = tbl.data() + (g1 - g_first) * kTable;
-      const bool two_groups = g1 != g0;
-      const int64_t step = (kt - kt0) / kAmxDecodeStepTiles;
-      const int half = static_cast<int>(step & 1);
-      if (!two_tiles)
-        amx_decode_step<kLo, false, false>(w0, word_stride, t0, t1, consts, abuf[half]);
-      else if (two_groups)
-        amx_decode_step<kLo, true, true>(w0, word_stride, t0, t1, consts, abuf[half]);
-      else
-        amx_decode_step<kLo, false, true>(w0, word_stride, t0, t1, consts, abuf[half]);
-      if (step > 0) {  // the previous step's products
-        const uint32_t* xt_step = xt + (kt0 / 2 + step - 1) * 256;
-        amx_decode_products(xt_step, abuf[half ^ 1][0]);
-        if constexpr (kLo) amx_decode_products(xt_step, abuf[half ^ 1][kLo]);
+    for (int pass = 0; pass < kBlocks; ++pass) {
+      const int j0 = pass * kJ;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      int64_t last = 0;  // the last step decoded
+      for (int64_t kt = kt0; kt < kt1; kt += kAmxDecodeStepTiles) {
+        const int32_t* w0 = chunk_words + kt * word_stride;
+        const bool two_tiles = kt + 1 < kt1;
+        if (ch + 1 < ch1 && pass == kBlocks - 1)
+          for (int t = 0; t < (two_tiles ? 2 : 1); ++t)
+            for (int l = 0; l < 8; ++l)
+              _mm_prefetch(reinterpret_cast<const char*>(w0 + t * word_stride + 128 + 16 * l),
+                           _MM_HINT_T1);
+        const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
+        const uint16_t* t0 = tbl.data() + (g0 - g_first) * kTable;
+        const uint16_t* t1 = tbl.data() + (g1 - g_first) * kTable;
+        const bool two_groups = g1 != g0;
+        const int64_t step = (kt - kt0) / kAmxDecodeStepTiles;
+        const int half = static_cast<int>(step & 1);
+        if (!two_tiles)
+          amx_decode_step<kLo, false, false, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+        else if (two_groups)
+          amx_decode_step<kLo, true, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+        else
+          amx_decode_step<kLo, false, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+        if (step > 0) {  // the previous step's products
+          const uint32_t* xt_step = xt + (kt0 / 2 + step - 1) * 256 * kBlocks;
+          amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][0]);
+          if constexpr (kLo) amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][kLo]);
+        }
+        last = step;
       }
-      last = step;
+      const uint32_t* xt_last = xt + (kt0 / 2 + last) * 256 * kBlocks;
+      amx_decode_products<kBlocks>(xt_last, abuf[last & 1][0]);
+      if constexpr (kLo) amx_decode_products<kBlocks>(xt_last, abuf[last & 1][kLo]);
+      _tile_stored(0, cbuf[0], 64);
+      _tile_stored(1, cbuf[1], 64);
+      _tile_stored(2, cbuf[2], 64);
+      _tile_stored(3, cbuf[3], 64);
+      // C tile jl * kBlocks + b: [column 16 (j0 + jl) + r][x^T column]; fp16: row 8b + i is
+      // hi column i plus lo column 8 + i
+      for (int64_t m = 0; m < rows; ++m)
+        for (int jl = 0; jl < kJ; ++jl)
+          for (int r = 0; r < 16; ++r) {
+            const float* c_row = cbuf[jl * kBlocks + m / 8 % kBlocks] + r * 16;
+            const int64_t n = 64 * ch + 16 * (j0 + jl) + r;
+            part[m * p.size_n + n] = kFp16 ? c_row[m % 8] + c_row[8 + m % 8] : c_row[m];
+          }
     }
-    amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1][0]);
-    if constexpr (kLo) amx_decode_products(xt + (kt0 / 2 + last) * 256, abuf[last & 1][kLo]);
-    _tile_stored(0, cbuf[0], 64);
-    _tile_stored(1, cbuf[1], 64);
-    _tile_stored(2, cbuf[2], 64);
-    _tile_stored(3, cbuf[3], 64);
-    for (int64_t m = 0; m < rows; ++m)
-      for (int n = 0; n < 64; ++n) {
-        const float* c_row = cbuf[n / 16] + (n % 16) * 16;
-        part[m * p.size_n + 64 * ch + n] = kFp16 ? c_row[m] + c_row[8 + m] : c_row[m];
-      }
   }
 }
 
 inline void amx_decode_chunks(const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows,
                               int64_t kt0, int64_t kt1, const int32_t* tile_group,
                               const uint32_t* xt, std::vector<uint16_t>& tbl, float* part) {
-  if (p.weight_type == HalfType::kBFloat16)
-    amx_decode_chunks_impl<false, false>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
-  else if (p.num_groups == 1)
-    amx_decode_chunks_impl<true, false>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
-  else
-    amx_decode_chunks_impl<true, true>(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
+  const bool two = amx_decode_x_blocks(rows, true) == 2;
+  auto* f = p.weight_type == HalfType::kBFloat16 ? &amx_decode_chunks_impl<false, false, 1>
+            : p.num_groups == 1 ? (two ? &amx_decode_chunks_impl<true, false, 2>
+                                       : &amx_decode_chunks_impl<true, false, 1>)
+                                : (two ? &amx_decode_chunks_impl<true, true, 2>
+                                       : &amx_decode_chunks_impl<true, true, 1>);
+  f(p, ch0, ch1, rows, kt0, kt1, tile_group, xt, tbl, part);
 }
 
 #pragma GCC diagnostic pop

@@ -137,7 +137,7 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
   // x^T as B tiles for all of K, once per call
   thread_local Vector64<uint32_t> xt;
   if (amx) {
-    xt.resize(amx_decode_x_dwords(p.size_k));
+    xt.resize(amx_decode_x_dwords(p.size_k, amx_decode_x_blocks(p.size_m, fp16)));
     if (fp16) {
       std::vector<uint16_t> tmp(2 * p.size_k);
       amx_decode_x_tiles_split(p.a, p.lda, p.size_m, p.size_k, tmp.data(), xt.data());

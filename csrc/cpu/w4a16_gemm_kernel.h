@@ -194,7 +194,7 @@ inline void write_chunk_rows(const W4a16GemmProblem& p, int64_t ch, int64_t m0, 
 // the K slices of w4a16_gemm_decode_split.h) adds the products of each output in this order,
 // and the portable and AVX2 paths follow it through decode_order_chunk, so they give the same
 // bits (on an AVX-512 CPU without BF16 the decode path itself runs for bf16, vdpbf16ps emulated
-// by two FMAs; on a CPU with AMX-BF16 bf16 at M <= 12 and fp16 at 3..8 run the same K slices on
+// by two FMAs; on a CPU with AMX-BF16 bf16 at M <= 12 and fp16 at 3..16 run the same K slices on
 // the tiles instead, w4a16_gemm_decode_amx.h, with the tile path's own bits, as at larger M):
 // * K is cut into slices of decode_slice_tiles(p) k-tiles (kDecodeSliceTiles at M <= 4, all of
 //   K in one slice above); each slice's sum is formed alone, and the slices' sums are added in
