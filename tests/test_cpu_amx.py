@@ -176,7 +176,7 @@ def test_w4a16_amx_path_runs(monkeypatch, dtype):
     assert not golden.same_bits(amx, other)
 
 
-# ---- w4a16_gemm bf16 at M <= 12: the decode split on the tiles, weights as A ------------------
+# ---- w4a16_gemm at few rows (bf16 1..12, fp16 3..16): the decode split on tiles, weights as A
 # (cpu/w4a16_gemm_decode_amx.h: each tile row one output column over 32 k, x^T the B operand)
 
 # The tile path with the weights as B (the blocked path, amx_bf16.h) at every M, for comparison.

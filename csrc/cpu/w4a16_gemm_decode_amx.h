@@ -127,7 +127,8 @@ inline void amx_decode_x_tiles(const uint16_t* a, int64_t lda, int64_t rows, int
 // fp16: the same from the fp32 rows a (fp16 values, exact), each split into its bf16 hi and lo
 // parts (amx_split_half), in blocks of 8 rows: x^T tile b of step s holds rows 8b .. 8b + 7, the
 // hi part of row 8b + i in column i, its lo part in column 8 + i:
-// xt[(s * blocks + b) * 256 + 16p + 8h + i], blocks = amx_decode_x_blocks(rows) (rows <= 16).
+// xt[(s * blocks + b) * 256 + 16p + 8h + i], blocks = amx_decode_x_blocks(rows, true) (rows
+// <= 16).
 // tmp: 2 * size_k scratch.
 W4K_W4A16_AMX_DECODE inline void amx_decode_x_tiles_split(const float* a, int64_t lda,
                                                           int64_t rows, int64_t size_k,
