@@ -137,6 +137,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
                                b_scales.numel());
   // M <= 4 on the decode path, and at M <= 12 (bf16) / 3..16 (fp16) on the AMX tiles: items of
   // whole k-tile rows that write fp32 sums (cpu/w4a16_gemm_decode_split.h).
+  p.amx_decode = cpu::w4a16_amx_decode_applies(p, isa);
   const bool decode_split = cpu::w4a16_gemm_decode_split_applies(p, isa);
   const bool fp16_amx = p.amx_split_ok && !decode_split &&
                         size_m > cpu::w4a16_gemm_pair_max_rows(true, true);
@@ -175,7 +176,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
   const bool split_fp16 = fp16_amx && (paths.use_amx || last_paths.use_amx);
   // (bf16 on the decode split's tiles reads only the bf16 copy)
   const bool need_a32 = !(blocked && (paths.use_dpbf16 || paths.use_amx)) &&
-                        !(decode_split && gather_bf16 && cpu::w4a16_amx_decode_applies(p, isa));
+                        !(gather_bf16 && p.amx_decode);
 
   // The scratch buffers (a as fp32 and bf16, the fp32 result) are kept per calling thread and
   // reused, grown when a larger call comes: fresh ones of many rows are new pages from the OS

@@ -83,13 +83,13 @@ inline bool w4a16_amx_decode_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #endif
 }
 
-// Whether the K-sliced split runs: on the AMX tiles (above), else the decode path's own
-// conditions (w4a16_gemm_cpu_chunks) at M <= 4 (decode_order_applies) on a CPU that has it.
-// (bf16 activations always have their bf16 copy, p.a_bf16, on this path.)
+// Whether the K-sliced split runs: on the AMX tiles (p.amx_decode, set from the function above),
+// else the decode path's own conditions (w4a16_gemm_cpu_chunks) at M <= 4 (decode_order_applies)
+// on a CPU that has it. (bf16 activations always have their bf16 copy, p.a_bf16, on this path.)
 inline bool w4a16_gemm_decode_split_applies(const W4a16GemmProblem& p, CpuIsa isa) {
 #ifdef W4K_HAVE_AVX512_PATH
   // bf16 without AVX512-BF16: the decode path with vdpbf16ps emulated (pair_chunks_avx512 kEmu)
-  return w4a16_amx_decode_applies(p, isa) ||
+  return p.amx_decode ||
          (is_avx512(isa) && decode_order_applies(p) && p.size_m <= kDecodeSplitMaxRows);
 #else
   (void)p;
@@ -114,7 +114,7 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
   const bool fp16 = p.weight_type == HalfType::kFloat16;
   // bf16 on the AMX tiles (w4a16_gemm_decode_amx.h), whose sums stay in tile registers: no
   // bound on an item's chunks but the threads'.
-  const bool amx = w4a16_amx_decode_applies(p, w4a16_gemm_cpu_isa());
+  const bool amx = p.amx_decode;
   const int64_t acc_bytes_per_chunk = p.size_m * ((fp16 ? 512 : 256) + 64) * 4;
   const int64_t max_chunks =
       amx ? num_chunks : std::max<int64_t>(8, (128 << 10) / acc_bytes_per_chunk);
@@ -139,7 +139,8 @@ inline void w4a16_gemm_decode_split(const W4a16GemmProblem& p, int threads) {
   if (amx) {
     xt.resize(amx_decode_x_dwords(p.size_k, amx_decode_x_blocks(p.size_m, fp16)));
     if (fp16) {
-      std::vector<uint16_t> tmp(2 * p.size_k);
+      thread_local std::vector<uint16_t> tmp;  // one row's split parts
+      tmp.resize(2 * p.size_k);
       amx_decode_x_tiles_split(p.a, p.lda, p.size_m, p.size_k, tmp.data(), xt.data());
     } else {
       amx_decode_x_tiles(p.a_bf16, p.lda_bf16, p.size_m, p.size_k, xt.data());

@@ -36,6 +36,8 @@ struct W4a16GemmProblem {
   // fp16 on AMX tiles: the activations have no infinity and the scales are at most 4096 in
   // magnitude, so every value splits into bf16 hi and lo parts (cpu/amx_bf16.h; the binding)
   bool amx_split_ok = false;
+  // the decode split runs on AMX tiles (w4a16_amx_decode_applies, decided once by the binding)
+  bool amx_decode = false;
   // fp16 activations given as bf16: the AMX path's split rows (the binding makes them only there)
   bool a_split() const { return weight_type == HalfType::kFloat16 && a_bf16 != nullptr; }
 };
