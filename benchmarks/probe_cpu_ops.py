@@ -11,16 +11,33 @@ Prints, for one thread:
   vpternlogd, a vpermt2w into a 64-entry bf16 table and a vdpbf16ps, on words and tables in L1:
   the rate at which one core can stream Marlin weights through that design, with no memory,
   table builds or loop bookkeeping of the real kernel;
+* the M = 8 decode path's instruction mix per 64-byte line (a line load, four lookups, 16
+  activation loads and 32 vdpbf16ps into 16 accumulators, as pair_pass_avx512<8, 1>), on L1
+  data with no loop structure around it: the GFLOP/s the instructions allow, against which the
+  op's M = 8 rate measures the cost of everything else;
+* the weight traversal of the M <= 4 decode split (--traversal, two threads): Marlin-shaped
+  weights ([K / 16, 8 N] bytes, copies rotated well past the L3) streamed with the M = 1
+  decode's instruction mix per 64-byte line, in the order the kernel reads them (blocks of B
+  k-tile rows; per 512-byte chunk the block's tiles in two passes of four lines; the next
+  block's chunk prefetched on the first pass) for B = 8 (the kernel's), 4, 2, and in row order
+  (each k-tile row start to end, no software prefetch), next to a plain read of the same
+  copies: how much of the read bandwidth each order leaves once the decode's work is in the
+  loop;
 * on a CPU with AMX-BF16, the TDPBF16PS rate (bench_cpu_gemm.py's probe: four C tiles, operands
   in tile registers).
 
 So the M = 1 section of the README can say what bounds the op on a given CPU (Intel's
 vpermt2w and vdpbf16ps take two cycles each where Zen 4's take one).
 
-    PYTHONPATH=$PWD/python python benchmarks/probe_cpu_ops.py
+    PYTHONPATH=$PWD/python python benchmarks/probe_cpu_ops.py [--traversal]
+
+(The cycle column takes two vpaddd per cycle, true of Zen 4 and Intel's AVX-512 cores; Zen 5
+issues more, so there the ns column is the one to read.)
 """
 
+import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -29,6 +46,8 @@ from torch.utils.cpp_extension import load_inline
 _SRC = r"""
 #include <torch/extension.h>
 #include <immintrin.h>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -113,6 +132,131 @@ static float decode_loop(const int32_t* words, int64_t tiles, const __m512i* a_p
   return s;
 }
 
+// The M = 8 decode path's work on one 64-byte line (pair_pass_avx512<8, 1>): four lookups, then
+// per row its two activation vectors (loaded) each serving two vdpbf16ps. Lines and activations
+// cycle through L1-resident buffers. GFLOP/s (32 vdpbf16ps of 64 flops per line).
+__attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
+static float m8_lines(const int32_t* words, const __m512i* a_pairs, const uint16_t* tbl,
+                      int64_t lines) {
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
+      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
+  __m512i t0[2], t1[2];
+  for (int b = 0; b < 2; ++b) {
+    t0[b] = _mm512_loadu_si512(tbl + 64 * b);
+    t1[b] = _mm512_loadu_si512(tbl + 64 * b + 32);
+  }
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t l = 0; l < lines; ++l) {
+    const __m512i x = _mm512_loadu_si512(words + 16 * (l % 64));
+    const __m512i* av = a_pairs + 16 * (l % 8);
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) {
+      const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
+      const __m512i idx = _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
+      wv[e] = _mm512_permutex2var_epi16(t0[e >> 1], idx, t1[e >> 1]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
+      const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
+      acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], a0, (__m512bh)wv[0]);
+      acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], a0, (__m512bh)wv[2]);
+      acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], a1, (__m512bh)wv[1]);
+      acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], a1, (__m512bh)wv[3]);
+    }
+  }
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+
+double m8_mix_gflops() {
+  std::vector<int32_t> words(64 * 16);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<int32_t>(i * 2654435761u);
+  std::vector<uint16_t> tbl(128, 0x3f80);
+  std::vector<__m512i> a_pairs(8 * 16, _mm512_set1_epi32(0x3f803f80));
+  const int64_t lines = 20000000;
+  auto s = std::chrono::steady_clock::now();
+  const float sink = m8_lines(words.data(), a_pairs.data(), tbl.data(), lines);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+  return lines * 32 * 64.0 / sec / 1e9 + 0.0 * sink;
+}
+
+// ---- the weight traversal of the M <= 4 decode split ---------------------------------------
+
+// The M = 1 decode's work on one 64-byte line: per nibble position a shift, a vpternlogd, a
+// vpermt2w and a vdpbf16ps (acc: four accumulators of this line's pass position).
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
+inline void decode_line(const char* p, __m512* acc, __m512i t0, __m512i t1, __m512bh a,
+                        __m512i code_mask, __m512i col_bits) {
+  const __m512i x = _mm512_loadu_si512(p);
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
+    const __m512i idx = _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
+    acc[e] = _mm512_dpbf16_ps(acc[e], a, (__m512bh)_mm512_permutex2var_epi16(t0, idx, t1));
+  }
+}
+
+// Seconds to stream one weight of `tiles` k-tile rows of row_bytes (two threads claiming slices
+// of 64 rows, all columns). block_tiles > 0: the decode split's order with blocks of that many
+// rows; 0: row order; -1: a plain read (one vpternlogd per line, no decode).
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+double traverse_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes,
+                        int64_t block_tiles) {
+  const char* base = static_cast<const char*>(w.data_ptr());
+  constexpr int64_t kSlice = 64, kChunk = 512;
+  const int64_t slices = (tiles + kSlice - 1) / kSlice;
+  std::atomic<int64_t> next{0};
+  std::atomic<float> sink{0.0f};
+  auto s = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(2)
+  {
+    __m512 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+    const __m512i t = _mm512_set1_epi32(0x3f803f80), code_mask = _mm512_set1_epi32(0x000f000f),
+                  col_bits = _mm512_set1_epi32(0x00100010);
+    const __m512bh a = (__m512bh)t;
+    for (int64_t sl = next.fetch_add(1); sl < slices; sl = next.fetch_add(1)) {
+      const int64_t kt0 = sl * kSlice, kt1 = std::min(tiles, kt0 + kSlice);
+      if (block_tiles < 0) {
+        for (int64_t off = kt0 * row_bytes; off < kt1 * row_bytes; off += 64)
+          acc[0] = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+              _mm512_castps_si512(acc[0]), _mm512_loadu_si512(base + off), t, 0x96));
+      } else if (block_tiles == 0) {  // (row_bytes is a multiple of 512)
+        for (int64_t off = kt0 * row_bytes; off < kt1 * row_bytes; off += 128) {
+          decode_line(base + off, acc, t, t, a, code_mask, col_bits);
+          decode_line(base + off + 64, acc + 4, t, t, a, code_mask, col_bits);
+        }
+      } else {
+        for (int64_t b0 = kt0; b0 < kt1; b0 += block_tiles) {
+          const int64_t b1 = std::min(kt1, b0 + block_tiles);
+          for (int64_t ch = 0; ch < row_bytes; ch += kChunk)
+            for (int pass = 0; pass < 2; ++pass)
+              for (int64_t kt = b0; kt < b1; ++kt) {
+                const char* p = base + kt * row_bytes + ch;
+                if (pass == 0 && kt + block_tiles < tiles)
+                  for (int l = 0; l < 8; ++l)
+                    _mm_prefetch(p + block_tiles * row_bytes + 64 * l, _MM_HINT_T1);
+#pragma GCC unroll 4
+                for (int l = 0; l < 4; ++l)
+                  decode_line(p + 64 * (4 * pass + l), acc + 4 * (l & 1), t, t, a, code_mask,
+                              col_bits);
+              }
+        }
+      }
+    }
+    float x = 0;
+    for (int i = 0; i < 8; ++i) x += _mm512_reduce_add_ps(acc[i]);
+    sink.fetch_add(x);
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+  return sec + 0.0 * sink.load();
+}
+
 // Weights per ns of decode_loop (512 weights per k-tile of 4 lines).
 double decode_weights_per_ns() {
   std::vector<int32_t> words(64 * 64);
@@ -130,7 +274,34 @@ double decode_weights_per_ns() {
 """
 
 
+L3_BYTES = 64 << 20  # as bench_cpu_gemm.py: rotated copies total >= 4x this
+
+
+def traversal(m, repeats=15):
+    """GB/s of each traversal of Marlin-shaped weights (the three shapes of bench_cpu_gemm.py)."""
+    orders = [("plain read (no decode)", -1), ("row order", 0),
+              ("decode split, 8-row blocks (the kernel's)", 8), ("4-row blocks", 4),
+              ("2-row blocks", 2)]
+    print("weight traversal, two threads, M = 1 decode work per 64-byte line, median of "
+          f"{repeats} passes over rotated copies (GB/s of int4 weight):")
+    for n, k in [(4096, 4096), (11008, 4096), (4096, 11008)]:
+        tiles, row_bytes = k // 16, 8 * n
+        nbytes = tiles * row_bytes
+        copies = [torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32)
+                  for _ in range(max(2, -(-4 * L3_BYTES // nbytes)))]
+        cells = []
+        for name, order in orders:
+            ts = [m.traverse_seconds(copies[i % len(copies)], tiles, row_bytes, order)
+                  for i in range(repeats + 1)][1:]
+            cells.append(f"{name} {nbytes / statistics.median(ts) / 1e9:.1f}")
+        print(f"  N={n} K={k}: " + ", ".join(cells))
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--traversal", action="store_true",
+                    help="also time the decode split's weight traversal (two threads)")
+    args = ap.parse_args()
     flags = open("/proc/cpuinfo").read()
     need = ["avx512f", "avx512bw", "avx512_vbmi", "avx512_bf16", "avx512_vnni"]
     missing = [f for f in need if f not in flags]
@@ -139,11 +310,14 @@ def main():
         return
     torch.set_num_threads(1)
     m = load_inline("w4k_probe_cpu_ops", cpp_sources=_SRC,
-                    functions=["instruction_ns", "decode_weights_per_ns"],
+                    functions=["instruction_ns", "decode_weights_per_ns", "m8_mix_gflops",
+                               "traverse_seconds"],
                     # lambdas do not take a function's target attribute: the whole probe is
                     # built for this CPU's AVX-512 set (checked above before loading it)
                     extra_cflags=["-O2", "-mavx512f", "-mavx512bw", "-mavx512vbmi",
-                                  "-mavx512bf16", "-mavx512vnni", "-mfma", "-Wno-psabi"])
+                                  "-mavx512bf16", "-mavx512vnni", "-mfma", "-Wno-psabi",
+                                  "-fopenmp"],
+                    extra_ldflags=["-fopenmp"])
     rows = m.instruction_ns()
     cycle = 2 * dict(rows)["vpaddd"]  # vpaddd: two per cycle
     print(f"one thread; a cycle taken as 2 x vpaddd = {cycle:.3f} ns ({1 / cycle:.2f} GHz)")
@@ -153,10 +327,21 @@ def main():
     print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1): "
           f"{w:.1f} weights/ns = {w / 2:.1f} GB/s of int4 weight per core, "
           f"{32 / w / cycle:.2f} cycles per 32 weights")
-    # the tiles' peak: bench_cpu_gemm.py's probe, on the one thread set above
+    # the peaks: bench_cpu_gemm.py's probes (vdpbf16ps over independent chains, the AMX tiles),
+    # on the one thread set above
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_cpu_gemm
     probes = bench_cpu_gemm.load_probes()
+    g = max(m.m8_mix_gflops() for _ in range(3))
+    line = (f"M = 8 decode mix (a line load, 4 lookups, 16 activation loads, 32 vdpbf16ps, L1): "
+            f"{g:.0f} GFLOP/s per core")
+    if probes:
+        probes.peak_flops(1, 1_000_000)
+        peak = max(probes.peak_flops(1, 20_000_000) for _ in range(3)) / 1e9
+        line += f", {100 * g / peak:.0f} % of the vdpbf16ps peak ({peak:.0f} GFLOP/s)"
+    print(line)
+    if args.traversal:
+        traversal(m)
     amx = max(probes.amx_peak_flops(2_000_000) for _ in range(3)) / 1e9 if probes else 0.0
     print(f"AMX TDPBF16PS: {amx:.0f} GFLOP/s per core" if amx else "AMX-BF16: not on this CPU/OS")
 
