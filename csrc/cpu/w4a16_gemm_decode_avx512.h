@@ -26,7 +26,8 @@
 //
 // Memory: the 128 words of a chunk's k-tile are 512 contiguous bytes, but consecutive k-tiles
 // are 8 * size_n bytes apart (a different page for every tile), which the hardware prefetchers
-// do not follow; the first pass over a block of tiles prefetches the tiles kPrefetchTiles ahead.
+// do not follow; the first pass over a chunk's block of tiles prefetches the same tiles of the
+// chunk kPrefetchChunks further on (pair_chunks_avx512).
 #pragma once
 
 #include "cpu/amx_bf16.h"
@@ -223,8 +224,8 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_i
 template <int MR, int NCP, bool kFp16, bool kEmu, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
-    int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl, const int32_t* tile_group,
-    int64_t g_first, int c0, float* acc) {
+    int64_t kt1, const int32_t* prefetch_words, int64_t prefetch_tiles, const uint16_t* tbl,
+    const int32_t* tile_group, int64_t g_first, int c0, float* acc) {
   constexpr int kAccRow = kFp16 ? 512 : 256, kAccCb = kFp16 ? 32 : 16, kU = kFp16 ? 2 : 1;
   // The loops over the accumulators are unrolled so that acc_v stays in registers (without
   // the pragmas GCC kept it in memory too and stored all of it on every tile: at 8 rows 16
@@ -251,7 +252,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
     const int32_t* wt = words + (kt - kt0) * word_stride;
     if (kt - kt0 < prefetch_tiles)  // only the first pass over the block prefetches
       for (int l = 0; l < 8; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(wt + (kt1 - kt0) * word_stride + 16 * l),
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch_words + (kt - kt0) * word_stride +
+                                                   16 * l),
                      _MM_HINT_T1);
     const int64_t g = tile_group[kt];
     if (g < 0) continue;  // a tile whose rows span two groups: see pair_chunk_avx512
@@ -358,6 +360,18 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         _mm512_storeu_ps(acc + i * kAccRow + (2 * c0 + cb) * kAccCb + 16 * u, acc_v[i][cb][u]);
 }
 
+// How far ahead pair_chunks_avx512 prefetches: while a chunk decodes a block of k-tiles it
+// prefetches the same tiles of the chunk kPrefetchChunks further on (16 KiB of weight ahead in
+// blocks of 8 tiles), the last chunks of the range the next block's first ones. Until 2026-12-01
+// each chunk prefetched its own tiles of the next block, a whole block ahead (128-256 KiB per
+// thread); on the Zen 5 machine of that day the nearer target streamed faster: M = 1-2 bf16
+// 1.10-1.20x (2 threads, weights rotated, the two builds alternating over 4 rounds), fp16 M = 1
+// and AWQ zero points 1.01-1.25x, M = 4 and 8 level (0.95-1.07x). benchmarks/probe_cpu_ops.py
+// --traversal shows the same on a bare loop with this path's instruction mix: 8-tile blocks
+// with a block-ahead prefetch stream at ~65 % of a plain read, with a 1-8 chunks-ahead one at
+// ~77 %.
+constexpr int64_t kPrefetchChunks = 4;
+
 // Rows per row block: bf16 8 (at 5..8 rows one line per pass: 2 * MR accumulators), fp16 4
 // (its accumulators are twice as many).
 template <bool kFp16>
@@ -368,13 +382,13 @@ constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
 template <bool kFp16, bool kEmu, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
-    int64_t kt0, int64_t kt1, int64_t prefetch_tiles, const uint16_t* tbl,
-    const int32_t* tile_group, int64_t g_first, float* acc) {
+    int64_t kt0, int64_t kt1, const int32_t* prefetch_words, int64_t prefetch_tiles,
+    const uint16_t* tbl, const int32_t* tile_group, int64_t g_first, float* acc) {
   auto passes = [&](auto mr, auto ncp) {
     for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
       pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16, kEmu, kSplitA>(
-          a_pairs, words, word_stride, kt0, kt1, prefetch_tiles, tbl, tile_group, g_first, c0,
-          acc);
+          a_pairs, words, word_stride, kt0, kt1, prefetch_words, prefetch_tiles, tbl,
+          tile_group, g_first, c0, acc);
   };
   using std::integral_constant;
   if constexpr (kFp16) {
@@ -474,10 +488,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
       built_first = g_first;
       built_last = g_last;
     }
-    // The next block, past kt_end too: the K-sliced split's next slice of these columns follows
-    // in memory and is usually the next item one of the threads runs (A/B, 2 threads, M = 1:
-    // equal or faster than stopping at kt_end).
-    const int64_t prefetch = std::min(kTilesPerBlock, p.size_k / 16 - kt1);
+    // What each chunk prefetches while it decodes (its first pass, the row block of row 0): the
+    // same tiles kPrefetchChunks chunks further on, and for the last chunks of the range the
+    // first chunks of the next block, past kt_end too (the K-sliced split's next slice of these
+    // columns follows in memory and is usually the next item one of the threads runs).
+    const int64_t next_tiles = std::min(kTilesPerBlock, p.size_k / 16 - kt1);
     constexpr int64_t kRb = kPairRowBlock<kFp16>;
     s.a_pairs.resize((kt1 - kt0) * kAPairs * ((rows + kRb - 1) / kRb * kRb) * 16);
     __m512i* a_pairs = reinterpret_cast<__m512i*>(s.a_pairs.data());
@@ -519,11 +534,19 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
               per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
               p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
               tbl + (g - g_first) * kPairTable<kFp16>);
+      const int64_t ahead = ch + kPrefetchChunks;
+      const bool in_block = ahead < ch1;
+      const int64_t prefetch_tiles = in_block ? kt1 - kt0 : next_tiles;
+      const int32_t* prefetch_words =
+          prefetch_tiles == 0
+              ? chunk_words
+              : p.b_q_weight + 128 * (in_block ? ahead : ch0 + (ahead - ch1) % num_chunks) +
+                    (in_block ? kt0 : kt1) * word_stride;
       for (int64_t i0 = 0; i0 < rows; i0 += kPairRowBlock<kFp16>)
         pair_tiles_avx512<kFp16, kEmu, kSplitA>(a_operand + (kt1 - kt0) * kAPairs * i0 * kASplit,
                           std::min(kPairRowBlock<kFp16>, rows - i0),
-                          chunk_words + kt0 * word_stride,
-                          word_stride, kt0, kt1, i0 == 0 ? prefetch : 0, tbl, tile_group,
+                          chunk_words + kt0 * word_stride, word_stride, kt0, kt1,
+                          prefetch_words, i0 == 0 ? prefetch_tiles : 0, tbl, tile_group,
                           g_first, acc + i0 * kAccRow);
     }
   }
