@@ -120,6 +120,27 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
 
 
+@pytest.mark.parametrize("size_m,size_n,dtype", [(1, 2176, torch.bfloat16),
+                                                 (2, 4160, torch.bfloat16),
+                                                 (4, 2176, torch.float16)])
+def test_awq_gemm_cpu_lookup_item_width_keeps_bits(monkeypatch, size_m, size_n, dtype):
+    # The lookup path's work items span 4 / 8 / 16 lines of 128 columns by N and the thread
+    # count (lut_lines); W4K_AWQ_LUT_LINES forces a width. N = 2176 is 17 lines (items of 16 and
+    # a last one of 1), N = 4160 32.5 (a partial last line). Every width must give the default's
+    # bits, which are the portable path's.
+    qw, s, qz = _awq(512, size_n, 128, dtype, seed=size_n)
+    x = torch.randn(size_m, 512, generator=torch.Generator().manual_seed(size_m)).to(dtype)
+    default = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
+    for lines in ("1", "4", "8", "16", "64"):
+        monkeypatch.setenv("W4K_AWQ_LUT_LINES", lines)
+        for threads in (1, 2):
+            out = _run(monkeypatch, "avx512", threads, x, qw, s, qz)
+            assert golden.same_bits(out, default), f"{lines} lines, {threads} threads"
+        assert golden.same_bits(_run(monkeypatch, "scalar", 2, x, qw, s, qz), default)
+    w = reference.awq_dequantize(qw, s, qz)
+    assert_gemm_close(default, x.double() @ w.double(), x, w)
+
+
 def _cancelling(qw, x, group_size):
     """Makes the fp32 summation order show in the output (as make_case's `cancel` does for
     w4a16_gemm): in every 16-row tile whose rows 3 and 12 share a group, row 12 of the weight

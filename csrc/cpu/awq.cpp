@@ -294,14 +294,15 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
                                : pb.size_m >= awq_cpu::kAmxManyRows
                                    ? awq_cpu::kChunkBlocksAmx
                                    : awq_cpu::kChunkBlocksAmxFewRows;
-  const int64_t chunk_cols = lut ? 128 * awq_cpu::lut_lines(pb.size_m)
-                                 : chunk_blocks * awq_cpu::kBlockN;
+  const int64_t lut_lines =
+      lut ? awq_cpu::lut_lines(pb.size_m, pb.size_n, at::get_num_threads()) : 0;
+  const int64_t chunk_cols = lut ? 128 * lut_lines : chunk_blocks * awq_cpu::kBlockN;
   const int64_t m_block = lut ? awq_cpu::kLutMBlock : pb.size_m;
   const int64_t col_chunks = (pb.size_n + chunk_cols - 1) / chunk_cols;
   const int64_t chunks = col_chunks * ((pb.size_m + m_block - 1) / m_block);
   const int64_t floats =
       !simd ? 0
-      : lut ? awq_cpu::lut_scratch_floats(pb.size_m)
+      : lut ? awq_cpu::lut_scratch_floats(pb.size_m, lut_lines)
             : awq_cpu::scratch_floats(awq_cpu::chunk_acc_rows(pb), chunk_blocks);
   cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
     const int64_t n0 = (c % col_chunks) * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);

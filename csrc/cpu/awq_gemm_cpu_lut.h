@@ -30,9 +30,25 @@ namespace awq_cpu {
 constexpr int64_t kLutLineWords = 16;  // one 64-byte line of a row: 128 columns
 constexpr int64_t kLutStrip = 128;     // rows per strip (a multiple of 16; cut at groups)
 constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
-// Lines per work item: 4 (512 columns) at M <= 4, where the weight stream is the cost and
-// longer row segments help; 1 above, where the lane sums of 48 rows need the room.
-inline int64_t lut_lines(int64_t size_m) { return size_m <= 4 ? 4 : 1; }
+// Lines per work item at M <= 4, where the weight stream is the cost and longer runs of each
+// row help: the most of 16 / 8 / 4 (2048 / 1024 / 512 columns, runs of 1 KiB / 512 / 256 bytes
+// per row of the weight) that still leaves two items per thread, so that a thread the OS
+// preempts delays at most half of the work (cpu/w4a16_gemm_work_queue.h); 1 above, where the
+// lane sums of 48 rows need the room. The columns of an item do not change any column's sums.
+// Measured on the Zen 5 machine (2026-12-01; 2 threads, weights rotated, medians of 3-4 rounds
+// alternating with the earlier 4 lines at every M) on 4096 x 4096 (8 lines) / 11008 x 4096 /
+// 4096 x 11008 (16): bf16 M = 1 1.21 / 1.14 / 1.01x, M = 2 1.13 / 1.16 / 1.04x, M = 4 1.07 /
+// 0.97 / 1.11x; fp16 M = 1 1.28 / 0.95 / 1.08x, M = 4 1.31 / 0.94 / 1.14x. W4K_AWQ_LUT_LINES
+// sets the width at every M (tests: the bits do not depend on it).
+inline int64_t lut_lines(int64_t size_m, int64_t size_n, int64_t threads) {
+  if (const char* env = std::getenv("W4K_AWQ_LUT_LINES"))
+    return std::clamp<int64_t>(std::atoll(env), 1, 64);
+  if (size_m > 4) return 1;
+  const int64_t all = (size_n + kLutLineWords * 8 - 1) / (kLutLineWords * 8);
+  for (int64_t lines : {16, 8})
+    if (all / lines >= 2 * threads) return lines;
+  return 4;
+}
 
 // Rows up to which the lookup path runs. Measured (one thread, CPU time, weights rotated, the
 // old limit 4 against the new one alternating; 4096x4096 unless stated): bf16 at M = 5 / 6 / 8
@@ -66,8 +82,8 @@ inline bool lut_path_applies(const Problem& pb, bool amx = false) {
 }
 
 // Scratch floats of the LUT path per thread.
-inline int64_t lut_scratch_floats(int64_t size_m) {
-  const int64_t lines = lut_lines(size_m), rows = std::min(size_m, kLutMBlock);
+inline int64_t lut_scratch_floats(int64_t size_m, int64_t lines) {
+  const int64_t rows = std::min(size_m, kLutMBlock);
   return lines * 64 * 32 * rows         // lane sums: [line][m][pair][16 (bf16) or 32 (fp16)]
          + lines * 64 * 16              // tables of one group: [line][pair][32 bf16]
          + (kLutStrip / 16) * 16 * 16   // transposed strip: [tile][word][16 rows]
@@ -315,7 +331,7 @@ W4K_AWQ_AVX512 void lut_rows(const Problem& pb, const float* xf, const float* xp
   }
 }
 
-// Columns [n0, n1) (at most lut_lines(M) lines) x rows [m_begin, m_end) (at most kLutMBlock).
+// Columns [n0, n1) (at most lut_lines(...) lines) x rows [m_begin, m_end) (at most kLutMBlock).
 template <Dtype D>
 W4K_AWQ_AVX512 void chunk_lut(const Problem& pb, const float* xf, int64_t n0, int64_t n1,
                               int64_t m_begin, int64_t m_end, float* scratch) {
