@@ -38,10 +38,17 @@ machine), timed in the same run; ``--isa noamx`` rows run with ``W4K_CPU_AMX=0``
 ``--background-load P`` times every point a second time while P processes spin on the cores
 and prints each method's slowdown (loaded / quiet), the issue's "under load" check.
 
+``--order rounds`` (the default) times the methods of one (shape, M) point in rounds: every
+repeat calls each method once, in turn, so a slow stretch of a noisy machine (the Zen 5 VM of
+2026-12-01 moved 1.5-2x within minutes) falls on all of them alike and the ratios stay
+same-moment ratios; ``--order blocks`` times each method's repeats back to back (the order of
+the runs quoted in the README before 2026-12-01).
+
 ``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
 
     PYTHONPATH=$PWD/python python benchmarks/bench_cpu_gemm.py [--quick] [--threads 2]
         [--background-load 2] [--isa avx2,scalar] [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008]
+        [--order rounds|blocks]
 """
 
 import argparse
@@ -223,6 +230,20 @@ def timeit(fn, copies, repeats):
         fn((i + 1) % copies)
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def time_rounds(calls, repeats):
+    """Median seconds per key of calls {key: (fn, copies)}: each fn called once first, then
+    `repeats` rounds that call every fn once in turn (call i of a fn uses copy (i + 1) % copies)."""
+    for fn, _ in calls.values():
+        fn(0)
+    ts = {key: [] for key in calls}
+    for i in range(repeats):
+        for key, (fn, copies) in calls.items():
+            t0 = time.perf_counter()
+            fn((i + 1) % copies)
+            ts[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(v) for key, v in ts.items()}
 
 
 def read_bandwidth(probes, nbytes, repeats):
@@ -517,6 +538,9 @@ def main(argv=None):
                     help="smoke test: one small shape, M 1 and 16, 3 repeats, no peak probes")
     ap.add_argument("--background-load", type=int, default=0, metavar="P",
                     help="also time every point while P busy processes run; print slowdowns")
+    ap.add_argument("--order", choices=["rounds", "blocks"], default="rounds",
+                    help="rounds: each repeat calls every method once, in turn (default); "
+                         "blocks: each method's repeats back to back")
     ap.add_argument("--isa", default="", metavar="LIST",
                     help="also time awq_gemm, w4a16 and the int8 mode (w4a8, awq_gemm_a8) with "
                          "W4K_CPU_ISA set to each of these (e.g. avx2,scalar; noamx: "
@@ -575,10 +599,16 @@ def main(argv=None):
                 ctx.__enter__()
             try:
                 for m in ms:
+                    into = results if phase == "quiet" else loaded
+                    if args.order == "rounds":
+                        calls = {name: ((lambda i, fn=fn, x=xs[m][METHODS[name][1]]: fn(x, i)), c)
+                                 for name, (wb, c, fn) in built.items()}
+                        for name, t in time_rounds(calls, repeats).items():
+                            into[(n, k, name, m)] = t
+                        continue
                     for name, (wb, c, fn) in built.items():
                         x = xs[m][METHODS[name][1]]
-                        t = timeit(lambda i: fn(x, i), c, repeats)
-                        (results if phase == "quiet" else loaded)[(n, k, name, m)] = t
+                        into[(n, k, name, m)] = timeit(lambda i: fn(x, i), c, repeats)
             finally:
                 if ctx:
                     ctx.__exit__(None, None, None)

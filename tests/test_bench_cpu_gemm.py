@@ -81,3 +81,22 @@ def test_bench_cpu_gemm_noamx_rows():
     rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
     names = {" ".join(r[1:-7]) for r in rows}
     assert {"awq_gemm bf16 @noamx", "w4a16 gptq bf16 @noamx"} <= names, stdout
+
+
+def test_bench_cpu_gemm_rounds_interleave_the_methods():
+    """--order rounds (the default): after one warm-up call each, every round calls each method
+    once, in turn, each method stepping through its own copies, so slow stretches of a noisy
+    machine fall on every method alike; --order blocks still runs."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_cpu_gemm as bench
+    finally:
+        sys.path.pop(0)
+    log = []
+    calls = {"a": (lambda i: log.append(("a", i)), 3), "b": (lambda i: log.append(("b", i)), 2)}
+    t = bench.time_rounds(calls, repeats=4)
+    assert set(t) == {"a", "b"} and all(v >= 0 for v in t.values())
+    assert log == [("a", 0), ("b", 0),
+                   ("a", 1), ("b", 1), ("a", 2), ("b", 0), ("a", 0), ("b", 1), ("a", 1), ("b", 0)]
+    stdout = _bench("--order", "blocks", "--methods", "awq_gemm bf16,torch bf16")
+    assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] for line in stdout.splitlines()), stdout
