@@ -97,14 +97,24 @@ W4K_TARGET std::vector<std::pair<std::string, double>> instruction_ns() {
   return r;
 }
 
+// The decode's lookup of nibble position e of the words x: a shift (none for e = 0), a
+// vpternlogd (index 16j + q: the code, and j = lane % 4 in bits 4..5) and a vpermt2w into the
+// 64-entry table (t0, t1).
+__attribute__((target("avx512f,avx512bw"), always_inline))
+inline __m512i lookup(__m512i x, int e, __m512i t0, __m512i t1) {
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
+      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
+  const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
+  return _mm512_permutex2var_epi16(t0, _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea),
+                                   t1);
+}
+
 // The decode path's inner loop for one row: per k-tile 4 lines of 16 words, per line and
 // nibble position a shift, a vpternlogd (index 16j + q), a vpermt2w and a vdpbf16ps.
 __attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
 static float decode_loop(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
                          const uint16_t* tbl) {
-  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
-  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
-      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
   __m512i t0[8], t1[8];
   for (int i = 0; i < 8; ++i) {
     t0[i] = _mm512_loadu_si512(tbl + 64 * i);
@@ -120,9 +130,7 @@ static float decode_loop(const int32_t* words, int64_t tiles, const __m512i* a_p
       const __m512i x = _mm512_loadu_si512(w + 16 * c);
 #pragma GCC unroll 4
       for (int e = 0; e < 4; ++e) {
-        const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
-        const __m512i idx = _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
-        const __m512i v = _mm512_permutex2var_epi16(t0[2 * c + (e >> 1)], idx, t1[2 * c + (e >> 1)]);
+        const __m512i v = lookup(x, e, t0[2 * c + (e >> 1)], t1[2 * c + (e >> 1)]);
         acc[2 * c + (e & 1)] = _mm512_dpbf16_ps(acc[2 * c + (e & 1)], (e & 1) ? a1 : a0, (__m512bh)v);
       }
     }
@@ -138,9 +146,6 @@ static float decode_loop(const int32_t* words, int64_t tiles, const __m512i* a_p
 __attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
 static float m8_lines(const int32_t* words, const __m512i* a_pairs, const uint16_t* tbl,
                       int64_t lines) {
-  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
-  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
-      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
   __m512i t0[2], t1[2];
   for (int b = 0; b < 2; ++b) {
     t0[b] = _mm512_loadu_si512(tbl + 64 * b);
@@ -153,11 +158,7 @@ static float m8_lines(const int32_t* words, const __m512i* a_pairs, const uint16
     const __m512i* av = a_pairs + 16 * (l % 8);
     __m512i wv[4];
 #pragma GCC unroll 4
-    for (int e = 0; e < 4; ++e) {
-      const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
-      const __m512i idx = _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
-      wv[e] = _mm512_permutex2var_epi16(t0[e >> 1], idx, t1[e >> 1]);
-    }
+    for (int e = 0; e < 4; ++e) wv[e] = lookup(x, e, t0[e >> 1], t1[e >> 1]);
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
@@ -190,15 +191,10 @@ double m8_mix_gflops() {
 // The M = 1 decode's work on one 64-byte line: per nibble position a shift, a vpternlogd, a
 // vpermt2w and a vdpbf16ps (acc: four accumulators of this line's pass position).
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline))
-inline void decode_line(const char* p, __m512* acc, __m512i t0, __m512i t1, __m512bh a,
-                        __m512i code_mask, __m512i col_bits) {
+inline void decode_line(const char* p, __m512* acc, __m512i t0, __m512i t1, __m512bh a) {
   const __m512i x = _mm512_loadu_si512(p);
 #pragma GCC unroll 4
-  for (int e = 0; e < 4; ++e) {
-    const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
-    const __m512i idx = _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
-    acc[e] = _mm512_dpbf16_ps(acc[e], a, (__m512bh)_mm512_permutex2var_epi16(t0, idx, t1));
-  }
+  for (int e = 0; e < 4; ++e) acc[e] = _mm512_dpbf16_ps(acc[e], a, (__m512bh)lookup(x, e, t0, t1));
 }
 
 // Seconds to stream one weight of `tiles` k-tile rows of row_bytes (two threads claiming slices
@@ -217,8 +213,7 @@ double traverse_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes
   {
     __m512 acc[8];
     for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-    const __m512i t = _mm512_set1_epi32(0x3f803f80), code_mask = _mm512_set1_epi32(0x000f000f),
-                  col_bits = _mm512_set1_epi32(0x00100010);
+    const __m512i t = _mm512_set1_epi32(0x3f803f80);
     const __m512bh a = (__m512bh)t;
     for (int64_t sl = next.fetch_add(1); sl < slices; sl = next.fetch_add(1)) {
       const int64_t kt0 = sl * kSlice, kt1 = std::min(tiles, kt0 + kSlice);
@@ -228,8 +223,8 @@ double traverse_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes
               _mm512_castps_si512(acc[0]), _mm512_loadu_si512(base + off), t, 0x96));
       } else if (block_tiles == 0) {  // (row_bytes is a multiple of 512)
         for (int64_t off = kt0 * row_bytes; off < kt1 * row_bytes; off += 128) {
-          decode_line(base + off, acc, t, t, a, code_mask, col_bits);
-          decode_line(base + off + 64, acc + 4, t, t, a, code_mask, col_bits);
+          decode_line(base + off, acc, t, t, a);
+          decode_line(base + off + 64, acc + 4, t, t, a);
         }
       } else {
         for (int64_t b0 = kt0; b0 < kt1; b0 += block_tiles) {
@@ -243,8 +238,7 @@ double traverse_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes
                     _mm_prefetch(p + block_tiles * row_bytes + 64 * l, _MM_HINT_T1);
 #pragma GCC unroll 4
                 for (int l = 0; l < 4; ++l)
-                  decode_line(p + 64 * (4 * pass + l), acc + 4 * (l & 1), t, t, a, code_mask,
-                              col_bits);
+                  decode_line(p + 64 * (4 * pass + l), acc + 4 * (l & 1), t, t, a);
               }
         }
       }
