@@ -32,13 +32,16 @@ constexpr int64_t kLutStrip = 128;     // rows per strip (a multiple of 16; cut 
 constexpr int64_t kLutMBlock = 48;     // rows of x per work item (lane sums stay in L2)
 // Lines per work item at M <= 4, where the weight stream is the cost and longer runs of each
 // row help: the most of 16 / 8 / 4 (2048 / 1024 / 512 columns, runs of 1 KiB / 512 / 256 bytes
-// per row of the weight) that still leaves two items per thread, so that a thread the OS
-// preempts delays at most half of the work (cpu/w4a16_gemm_work_queue.h); 1 above, where the
-// lane sums of 48 rows need the room. The columns of an item do not change any column's sums.
-// Measured on the Zen 5 machine (2026-12-01; 2 threads, weights rotated, medians of 3-4 rounds
-// alternating with the earlier 4 lines at every M) on 4096 x 4096 (8 lines) / 11008 x 4096 /
-// 4096 x 11008 (16): bf16 M = 1 1.21 / 1.14 / 1.01x, M = 2 1.13 / 1.16 / 1.04x, M = 4 1.07 /
-// 0.97 / 1.11x; fp16 M = 1 1.28 / 0.95 / 1.08x, M = 4 1.31 / 0.94 / 1.14x. W4K_AWQ_LUT_LINES
+// per row of the weight) that still leaves four items per thread, so that a thread the OS
+// preempts mid-item holds back at most a small part of the call (the caller cannot take an item
+// another thread claimed: cpu/w4a16_gemm_work_queue.h); 1 above, where the lane sums of 48 rows
+// need the room. The columns of an item do not change any column's sums. Measured on the Zen 5
+// machine (2026-12-01; 2 threads, weights rotated, medians of 3-4 rounds alternating in fresh
+// processes): two items per thread (16 lines, 8 on 4096 x 4096) ran bf16 M = 1 1.01-1.21x, M = 2
+// 1.04-1.16x, fp16 0.94-1.31x the old 4 lines on the quiet machine, but with two busy processes
+// on the cores (`bench_cpu_gemm.py --background-load 2`, three runs) 11008 x 4096 at M = 1 took
+// 1.9-2.5 ms against 1.3-2.6 (medians 2.3 / 1.4); at four items per thread (4096 x 4096 keeps 4
+// lines, 11008 x 4096 and 14336 x 4096 take 8) the quiet gain is 0.98-1.08x. W4K_AWQ_LUT_LINES
 // sets the width at every M (tests: the bits do not depend on it).
 inline int64_t lut_lines(int64_t size_m, int64_t size_n, int64_t threads) {
   if (const char* env = std::getenv("W4K_AWQ_LUT_LINES"))
@@ -46,7 +49,7 @@ inline int64_t lut_lines(int64_t size_m, int64_t size_n, int64_t threads) {
   if (size_m > 4) return 1;
   const int64_t all = (size_n + kLutLineWords * 8 - 1) / (kLutLineWords * 8);
   for (int64_t lines : {16, 8})
-    if (all / lines >= 2 * threads) return lines;
+    if (all / lines >= 4 * threads) return lines;
   return 4;
 }
 
