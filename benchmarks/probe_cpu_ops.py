@@ -22,7 +22,9 @@ Prints, for one thread:
   block's chunk prefetched on the first pass) for B = 8 (the kernel's), 4, 2, and in row order
   (each k-tile row start to end, no software prefetch), next to a plain read of the same
   copies: how much of the read bandwidth each order leaves once the decode's work is in the
-  loop;
+  loop; plus a candidate decode that keeps the accumulators in registers and reads the tables
+  from memory (two masked vpermw per 32 weights), which would allow short blocks, in blocks of
+  1 / 2 / 4 / 8 rows and on a weight in cache (its compute rate);
 * on a CPU with AMX-BF16, the TDPBF16PS rate (bench_cpu_gemm.py's probe: four C tiles, operands
   in tile registers).
 
@@ -251,6 +253,77 @@ double traverse_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes
   return sec + 0.0 * sink.load();
 }
 
+// A candidate decode for M = 1 that keeps the accumulators, not the tables, in registers: all 8
+// lines of a chunk in one pass (16 accumulators, loaded and stored once per chunk and block),
+// each 64-entry table split in two 32-entry halves (columns j = 0, 1 and j = 2, 3 of a lane
+// group) read from memory by two masked vpermw (the same table values, so the same products and
+// chains as the kernel's vpermt2w). Per chunk and group 2 KiB of tables ([line][b2][half][32]),
+// per chunk 1 KiB of accumulators, both in per-thread scratch; the same tiles of the chunk 4
+// further on prefetched (the kernel's target). Seconds, as traverse_seconds with blocks of
+// block_tiles rows.
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+double traverse_mem_tables_seconds(const torch::Tensor& w, int64_t tiles, int64_t row_bytes,
+                                   int64_t block_tiles) {
+  const char* base = static_cast<const char*>(w.data_ptr());
+  constexpr int64_t kSlice = 64, kChunk = 512, kAhead = 4;
+  const int64_t slices = (tiles + kSlice - 1) / kSlice, chunks = row_bytes / kChunk;
+  std::atomic<int64_t> next{0};
+  std::atomic<float> sink{0.0f};
+  auto s = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(2)
+  {
+    std::vector<__m512> acc_mem(chunks * 16);
+    std::vector<uint16_t> tbl(chunks * 16 * 2 * 32, 0x3f80);
+    const __m512i t = _mm512_set1_epi32(0x3f803f80);
+    const __m512bh a0 = (__m512bh)t, a1 = (__m512bh)t;
+    const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+    const __m512i half_bit = _mm512_setr_epi32(0, 0x100010, 0, 0x100010, 0, 0x100010, 0,
+        0x100010, 0, 0x100010, 0, 0x100010, 0, 0x100010, 0, 0x100010);
+    const __mmask32 low_cols = 0x0F0F0F0F;  // 16-bit words of lanes with j = 0, 1
+    for (int64_t sl = next.fetch_add(1); sl < slices; sl = next.fetch_add(1)) {
+      const int64_t kt0 = sl * kSlice, kt1 = std::min(tiles, kt0 + kSlice);
+      for (auto& v : acc_mem) v = _mm512_setzero_ps();
+      for (int64_t b0 = kt0; b0 < kt1; b0 += block_tiles) {
+        const int64_t b1 = std::min(kt1, b0 + block_tiles);
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          __m512 acc[16];
+          for (int i = 0; i < 16; ++i) acc[i] = acc_mem[ch * 16 + i];
+          const uint16_t* tc = tbl.data() + ch * 16 * 2 * 32;
+          const bool in_block = ch + kAhead < chunks;
+          const char* pf = base + (in_block ? b0 : b1) * row_bytes +
+                           kChunk * (in_block ? ch + kAhead : ch + kAhead - chunks);
+          for (int64_t kt = b0; kt < b1; ++kt) {
+            const char* p = base + kt * row_bytes + kChunk * ch;
+            if (in_block || b1 + (kt - b0) < tiles)
+              for (int l = 0; l < 8; ++l)
+                _mm_prefetch(pf + (kt - b0) * row_bytes + 64 * l, _MM_HINT_T1);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; ++c) {
+              const __m512i x = _mm512_loadu_si512(p + 64 * c);
+#pragma GCC unroll 4
+              for (int e = 0; e < 4; ++e) {
+                const __m512i sh = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
+                const __m512i idx = _mm512_ternarylogic_epi32(sh, code_mask, half_bit, 0xea);
+                const uint16_t* tb = tc + (2 * c + (e >> 1)) * 64;
+                __m512i v = _mm512_maskz_permutexvar_epi16(low_cols, idx, _mm512_loadu_si512(tb));
+                v = _mm512_mask_permutexvar_epi16(v, ~low_cols, idx, _mm512_loadu_si512(tb + 32));
+                acc[2 * c + (e >> 1)] =
+                    _mm512_dpbf16_ps(acc[2 * c + (e >> 1)], (e & 1) ? a1 : a0, (__m512bh)v);
+              }
+            }
+          }
+          for (int i = 0; i < 16; ++i) acc_mem[ch * 16 + i] = acc[i];
+        }
+      }
+    }
+    float x = 0;
+    for (auto& v : acc_mem) x += _mm512_reduce_add_ps(v);
+    sink.fetch_add(x);
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+  return sec + 0.0 * sink.load();
+}
+
 // Weights per ns of decode_loop (512 weights per k-tile of 4 lines).
 double decode_weights_per_ns() {
   std::vector<int32_t> words(64 * 64);
@@ -288,7 +361,22 @@ def traversal(m, repeats=15):
             ts = [m.traverse_seconds(copies[i % len(copies)], tiles, row_bytes, order)
                   for i in range(repeats + 1)][1:]
             cells.append(f"{name} {nbytes / statistics.median(ts) / 1e9:.1f}")
+        for bt in (1, 2, 4, 8):
+            ts = [m.traverse_mem_tables_seconds(copies[i % len(copies)], tiles, row_bytes, bt)
+                  for i in range(repeats + 1)][1:]
+            cells.append(f"tables in memory, {bt}-row blocks {nbytes / statistics.median(ts) / 1e9:.1f}")
         print(f"  N={n} K={k}: " + ", ".join(cells))
+    # the same candidate with its weight in cache, one thread: its compute rate
+    tiles, row_bytes = 64, 8 * 4096
+    w = torch.randint(-2**31, 2**31 - 1, (tiles * row_bytes // 4,), dtype=torch.int32)
+    torch.set_num_threads(1)
+    cells = []
+    for bt in (1, 2, 8):
+        t = statistics.median(m.traverse_mem_tables_seconds(w, tiles, row_bytes, bt)
+                              for _ in range(repeats))
+        cells.append(f"{bt}-row blocks {tiles * row_bytes / t / 1e9:.1f}")
+    print("  tables in memory, weight in cache (2 MiB, one slice: one thread works): " +
+          ", ".join(cells))
 
 
 def main():
@@ -305,7 +393,7 @@ def main():
     torch.set_num_threads(1)
     m = load_inline("w4k_probe_cpu_ops", cpp_sources=_SRC,
                     functions=["instruction_ns", "decode_weights_per_ns", "m8_mix_gflops",
-                               "traverse_seconds"],
+                               "traverse_seconds", "traverse_mem_tables_seconds"],
                     # lambdas do not take a function's target attribute: the whole probe is
                     # built for this CPU's AVX-512 set (checked above before loading it)
                     extra_cflags=["-O2", "-mavx512f", "-mavx512bw", "-mavx512vbmi",
