@@ -221,17 +221,6 @@ def load_probes():
         return None
 
 
-def timeit(fn, copies, repeats):
-    """Median seconds of `repeats` calls, call i using copy (i + 1) % copies."""
-    fn(0)
-    ts = []
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        fn((i + 1) % copies)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def time_rounds(calls, repeats):
     """Median seconds per key of calls {key: (fn, copies)}: each fn called once first, then
     `repeats` rounds that call every fn once in turn (call i of a fn uses copy (i + 1) % copies)."""
@@ -244,6 +233,11 @@ def time_rounds(calls, repeats):
             fn((i + 1) % copies)
             ts[key].append(time.perf_counter() - t0)
     return {key: statistics.median(v) for key, v in ts.items()}
+
+
+def timeit(fn, copies, repeats):
+    """Median seconds of `repeats` calls, call i using copy (i + 1) % copies."""
+    return time_rounds({None: (fn, copies)}, repeats)[None]
 
 
 def read_bandwidth(probes, nbytes, repeats):
@@ -599,16 +593,15 @@ def main(argv=None):
                 ctx.__enter__()
             try:
                 for m in ms:
-                    into = results if phase == "quiet" else loaded
+                    calls = {name: ((lambda i, fn=fn, x=xs[m][METHODS[name][1]]: fn(x, i)), c)
+                             for name, (wb, c, fn) in built.items()}
                     if args.order == "rounds":
-                        calls = {name: ((lambda i, fn=fn, x=xs[m][METHODS[name][1]]: fn(x, i)), c)
-                                 for name, (wb, c, fn) in built.items()}
-                        for name, t in time_rounds(calls, repeats).items():
-                            into[(n, k, name, m)] = t
-                        continue
-                    for name, (wb, c, fn) in built.items():
-                        x = xs[m][METHODS[name][1]]
-                        into[(n, k, name, m)] = timeit(lambda i: fn(x, i), c, repeats)
+                        times = time_rounds(calls, repeats)
+                    else:
+                        times = {name: timeit(fn, c, repeats) for name, (fn, c) in calls.items()}
+                    into = results if phase == "quiet" else loaded
+                    for name, t in times.items():
+                        into[(n, k, name, m)] = t
             finally:
                 if ctx:
                     ctx.__exit__(None, None, None)

@@ -60,14 +60,19 @@ def test_bench_cpu_gemm_isa_adds_capped_rows():
             assert r[-1] != "-", stdout  # x kai
 
 
+def _bench_module():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_cpu_gemm
+    finally:
+        sys.path.pop(0)
+    return bench_cpu_gemm
+
+
 def test_bench_cpu_gemm_copy_counts_are_integers_past_the_l3():
     """Regression: byte counts that include scale bytes are floats; the copy count (used as a
     list length and modulus) must still be an int, and the copies must exceed 4 x L3."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import bench_cpu_gemm as bench
-    finally:
-        sys.path.pop(0)
+    bench = _bench_module()
     nbytes = 4096 * 4096 // 2 + 32 * 4096 * 2.5
     c = bench.n_copies(nbytes, quick=False)
     assert isinstance(c, int) and c * nbytes >= 4 * bench.L3_BYTES
@@ -87,11 +92,7 @@ def test_bench_cpu_gemm_rounds_interleave_the_methods():
     """--order rounds (the default): after one warm-up call each, every round calls each method
     once, in turn, each method stepping through its own copies, so slow stretches of a noisy
     machine fall on every method alike; --order blocks still runs."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import bench_cpu_gemm as bench
-    finally:
-        sys.path.pop(0)
+    bench = _bench_module()
     log = []
     calls = {"a": (lambda i: log.append(("a", i)), 3), "b": (lambda i: log.append(("b", i)), 2)}
     t = bench.time_rounds(calls, repeats=4)
