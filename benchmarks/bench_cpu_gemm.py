@@ -435,12 +435,12 @@ INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also r
 def on_amx(name, m):
     """How many tile products per product the row spends where the CPU has AMX tiles (0: not
     on the tiles), by the ops' default limits: bf16 w4a16_gemm from 5 rows and awq_gemm from
-    3 (1), fp16 split into two bf16 (4) in w4a16_gemm from 7 rows and awq_gemm from 12; never
+    4 (1; its row path takes 1..3), fp16 split into two bf16 (4) in w4a16_gemm from 7 rows and awq_gemm from 12; never
     with W4K_CPU_AMX=0 (@noamx) or an ISA cap."""
     if " @" in name or not name.startswith(("w4a16", "awq_gemm ")):
         return 0
     if name.endswith("bf16"):
-        return 1 if m >= (3 if name.startswith("awq_gemm") else 5) else 0
+        return 1 if m >= (4 if name.startswith("awq_gemm") else 5) else 0
     return 4 if m >= (12 if name.startswith("awq_gemm") else 7) else 0
 
 

@@ -34,6 +34,8 @@ PATTERNS = [
     # the decode split on AMX tiles: its step loop (lookups, stores, TDPBF16PS) keeps the
     # shuffle constants in registers
     r"w4k::cpu::amx_decode_chunks_impl<(true|false), (true|false), \d>",
+    # awq_gemm's row path (its row pairs' loop, inlined row_pass)
+    r"w4k::awq_cpu::row_pass<\d, \d, \d, (true|false)>",
 ]
 DOT = re.compile(r"^(vdpbf16ps|vfmadd\w+|vpdpbusd|vmulps|tdpbf16ps)\b")
 STACK_STORE = re.compile(r"^vmov\w*\s+%[xyz]mm\d+,(-?0x[0-9a-f]+)?\((%rsp|%rbp)\)")

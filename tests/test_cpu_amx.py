@@ -496,7 +496,7 @@ def test_awq_amx_weights_as_a(monkeypatch, size_m, size_k, size_n, group_size, d
     same bits on 1 and 2 threads. W4K_AWQ_AMX_T=1 and W4K_AWQ_AMX_T_FP16_ROWS=0 take it at every
     M; the other path runs its fp16 split at every M with W4K_AWQ_AMX_FP16_ROWS=0."""
     _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_AMX_T": "1", "W4K_AWQ_AMX_T_FP16_ROWS": "0",
-                       "W4K_AWQ_LUT_ROWS": "0"})
+                       "W4K_AWQ_LUT_ROWS": "0", "W4K_AWQ_ROW_ROWS": "0"})
     fp16 = dtype == torch.float16
     _check_awq_against_reference_and_threads(dtype, size_m, size_k, size_n, group_size,
                                              terms=4 * size_k if fp16 else None)
@@ -522,16 +522,17 @@ def _awq_gemm_and_path(x, qw, s, qz):
     return out, any(e.name == AMX_T_EVENT for e in prof.events())
 
 
-@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {2: False, 3: True, 64: True,
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {3: False, 4: True, 64: True,
                                                            65: False}),
                                         (torch.float16, {11: False, 12: True, 48: True,
                                                          49: False})])
 def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
-    """By default the path takes bf16 at 3..64 rows and fp16 at 12..48 (K and the group size
-    multiples of 32), and nothing where K is not (K = 1040, group 80)."""
+    """By default the path takes bf16 at 4..64 rows (1..3: the row path, awq_gemm_cpu_rows.h)
+    and fp16 at 12..48 (K and the group size multiples of 32), and nothing where K is not
+    (K = 1040, group 80)."""
     _env(monkeypatch, {"W4K_CPU_AMX": "1"})
     for key in ("W4K_AWQ_AMX_T", "W4K_AWQ_AMX_T_FP16_ROWS", "W4K_AWQ_LUT_ROWS",
-                "W4K_AWQ_AMX_FP16_ROWS"):
+                "W4K_AWQ_AMX_FP16_ROWS", "W4K_AWQ_ROW_ROWS"):
         monkeypatch.delenv(key, raising=False)
     for size_k, group_size in ((1024, 128), (1040, 80)):
         qw, s, qz = _awq(size_k, 256, group_size, dtype, seed=5)
@@ -545,9 +546,9 @@ def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
 
 
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):
-    """W4K_AWQ_LUT_ROWS=0: the tile path (AMX) at M = 1..4 too, where its row block is mostly
-    zero padding."""
-    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0"})
+    """W4K_AWQ_LUT_ROWS=0 (and the row path off): the tile path (AMX) at M = 1..4 too, where its
+    row block is mostly zero padding."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0", "W4K_AWQ_ROW_ROWS": "0"})
     qw, s, qz = _awq(1040, 192, 80, torch.bfloat16, seed=1)
     for m in (1, 2, 4):
         x = torch.randn(m, 1040, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
@@ -557,7 +558,8 @@ def test_awq_amx_at_few_rows_when_forced(monkeypatch):
 
 
 # awq_gemm's fp16 split at every M (by default from 32 rows, awq_gemm_cpu.h kAmxFp16MinRows)
-AWQ_SPLIT_ON = {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0", "W4K_AWQ_AMX_FP16_ROWS": "0"}
+AWQ_SPLIT_ON = {"W4K_CPU_AMX": "1", "W4K_AWQ_LUT_ROWS": "0", "W4K_AWQ_AMX_FP16_ROWS": "0",
+                "W4K_AWQ_ROW_ROWS": "0"}
 
 
 @pytest.mark.parametrize("size_m,size_k,size_n,group_size", AWQ_CASES)

@@ -239,6 +239,29 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
   };
   if (!simd && isa >= Isa::kAvx2) return awq_gemm_run_avx2<D>(pb, widen());
   const bool amx = simd && cpu::amx_bf16_enabled();
+  if (simd && awq_cpu::row_path_applies<D>(pb, amx)) {
+    // The row path (awq_gemm_cpu_rows.h): the tile path's bits from AutoAWQ's rows as stored.
+    RECORD_FUNCTION("w4kernels::awq_gemm[rows]", std::vector<c10::IValue>());
+    const int64_t threads = at::get_num_threads();
+    std::vector<float> xf(pb.size_m * pb.size_k);  // exact: bf16 -> fp32
+    for (int64_t m = 0; m < pb.size_m; ++m)
+      for (int64_t k = 0; k < pb.size_k; ++k)
+        xf[m * pb.size_k + k] = awq_cpu::bf16_to_float(pb.x[m * pb.ldx + k]);
+    const int64_t lines = awq_cpu::row_lines(pb.size_n, threads);
+    const int64_t cols = 128 * lines;
+    const int64_t floats = awq_cpu::row_scratch_floats(pb.size_m, lines);
+    const bool fma = awq_cpu::row_fma(pb.size_m);
+    cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
+      const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
+      float* scratch = thread_scratch(floats);
+      switch (pb.size_m) {
+        case 1: return awq_cpu::chunk_rows<1>(pb, xf.data(), n0, n1, fma, scratch);
+        case 2: return awq_cpu::chunk_rows<2>(pb, xf.data(), n0, n1, fma, scratch);
+        default: return awq_cpu::chunk_rows<3>(pb, xf.data(), n0, n1, fma, scratch);
+      }
+    });
+    return;
+  }
   const bool lut = awq_cpu::lut_path_applies<D>(pb, amx);
   // fp16 with the weights as the A operand (awq_gemm_cpu_amx.h) from fewer rows than the other
   // tile path's split

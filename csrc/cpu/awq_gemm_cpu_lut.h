@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cpu/awq_gemm_cpu.h"
+#include "cpu/awq_gemm_cpu_rows.h"
 #include "cpu/dot_form.h"
 
 namespace w4k {
@@ -72,9 +73,11 @@ constexpr int64_t kLutMaxMFp16 = 7;
 // that path over this one: M = 2 0.89x on 4096 x 4096; M = 3 1.05 / 1.10 / 1.13x and M = 4
 // 1.27 / 1.27 / 1.31x on 4096 x 4096 / 11008 x 4096 / 4096 x 11008. W4K_AWQ_LUT_ROWS overrides
 // the limit of every path (tests and benchmarks compare the paths with it).
+// Since 2026-12-02 the row path (awq_gemm_cpu_rows.h) takes bf16 at M <= 3 on such a CPU first.
 constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 2;
 template <Dtype D>
 inline bool lut_path_applies(const Problem& pb, bool amx = false) {
+  if (row_path_applies<D>(pb, amx)) return false;  // its order is the tile path's
   const char* env = std::getenv("W4K_AWQ_LUT_ROWS");
   const int64_t max_m = env ? std::atoll(env)
                         : D == Dtype::kBFloat16

@@ -13,6 +13,11 @@
 // 1.10-1.18x, M = 2 1.30-1.44x, M = 4 1.90-2.08x on 4096 x 4096, 11008 x 4096, 4096 x 11008;
 // against the M >= 5 tile path (weights as B): 1.3-1.7x at M = 5..12.
 //
+// Order (amx_decode_chunks_impl): blocks of kAmxDecodeBlockTiles k-tiles outer, the item's
+// chunks inner, each chunk's four C tiles stored and reloaded between its blocks; the order
+// before (each chunk over the whole 64-tile slice) read every k-tile row in 512-byte runs while
+// 64 rows were in flight, which the memory of the AMX Xeon VM served at ~0.8x (below).
+//
 // A tile row = one output column n over one step of 32 k (two k-tiles kt, kt + 1; kt even),
 // dword p = the bf16 pair (w[2p], w[2p + 1]) of k = 32 s + 2p, so the 16 dwords are the
 // natural k order. Marlin's chunk words (w4a16_gemm_decode_avx512.h's header): line c of
@@ -79,6 +84,24 @@ namespace w4k::cpu {
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
 constexpr int64_t kAmxDecodeStepTiles = 2;  // k-tiles per 32-k tile step
+// k-tiles per block of amx_decode_chunks_impl: the item's chunks are decoded block after block,
+// each chunk's C tiles stored and reloaded between its blocks, so that while a block lasts every
+// k-tile row is read in runs of the item's chunks (half of N here) instead of 512 bytes.
+// Measured 2026-12-02 (AMX Xeon VM, 2 threads, weights rotated, bf16 GPTQ g128, 3 rounds
+// alternating in fresh processes), x the whole-slice order (64 k-tiles per chunk, the order
+// before): M = 1 1.17-1.23 / 1.20-1.27 / 1.13-1.23 on 4096 x 4096 / 11008 x 4096 / 4096 x 11008,
+// M = 2 / 4 / 12 on 11008 x 4096 1.17 / 1.29 / 1.17; blocks of 2 / 4 / 12 / 16 / 32 k-tiles were
+// slower than 8 (0.69 / 0.78 / ~0.93 / 0.77 / 0.8x), and items twice as wide or half as wide
+// level with today's. W4K_W4A16_AMX_BLOCK sets it (even; 0: the whole slice; the bits do not
+// depend on it: the C tiles go through memory exactly).
+constexpr int64_t kAmxDecodeBlockTiles = 8;
+inline const int64_t kAmxDecodeBlockEnv = [] {
+  const char* env = std::getenv("W4K_W4A16_AMX_BLOCK");
+  if (!env) return kAmxDecodeBlockTiles;
+  const int64_t v = std::atoll(env);
+  return v <= 0 ? int64_t{0} : std::max<int64_t>(2, v / 2 * 2);
+}();
+inline int64_t amx_decode_block_tiles() { return kAmxDecodeBlockEnv; }
 // Rows of a up to which the decode split runs on the tiles: its decode costs the same at every M
 // up to 16 (the tile columns), the M >= 5 tile path (weights as B, all of K per item) decodes
 // more per weight. Measured (2 threads, rotated weights, 9 alternating rounds, 2026-11-28):
@@ -281,72 +304,112 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
     g_last = std::max<int64_t>(g_last, tile_group[kt]);
   }
   constexpr int64_t kTable = kPairTable<kFp16>;
-  tbl.resize((g_last - g_first + 1) * kTable);
+  const int64_t groups = g_last - g_first + 1, chunks = ch1 - ch0;
+  // Blocks of k-tiles outer, the item's chunks inner (amx_decode_block_tiles): each k-tile row
+  // is read in runs of the item's chunks (512 bytes each) while a block lasts. The tables of a
+  // chunk are built once per call for every group of the slice (tbl: [chunk][group]); the C
+  // tiles of a chunk are kept in cstore between its blocks.
+  const int64_t block = amx_decode_block_tiles() > 0 ? amx_decode_block_tiles() : kt1 - kt0;
+  tbl.resize(chunks * groups * kTable);
+  thread_local std::vector<uint8_t> built;
+  built.assign(chunks * groups, 0);
+  thread_local Vector64<float> cstore;
+  if (block < kt1 - kt0) cstore.resize(chunks * kBlocks * 4 * 256);
   const AmxDecodeConsts consts;
   // [step parity][hi, lo][tile j][row][32 bf16]
   alignas(64) uint16_t abuf[2][kLo ? 2 : 1][4][16 * 32];
   alignas(64) float cbuf[4][16 * 16];
-  for (int64_t ch = ch0; ch < ch1; ++ch) {
-    for (int64_t g = g_first; g <= g_last; ++g)
-      build_pair_table_avx512<kFp16, false, kFp16>(
-          per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
-          p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
-          tbl.data() + (g - g_first) * kTable);
-    constexpr int kJ = 4 / kBlocks;  // 16-column tiles per pass
-    const int32_t* chunk_words = p.b_q_weight + 128 * ch;
-    for (int pass = 0; pass < kBlocks; ++pass) {
-      const int j0 = pass * kJ;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      int64_t last = 0;  // the last step decoded
-      for (int64_t kt = kt0; kt < kt1; kt += kAmxDecodeStepTiles) {
-        const int32_t* w0 = chunk_words + kt * word_stride;
-        const bool two_tiles = kt + 1 < kt1;
-        if (ch + 1 < ch1 && pass == kBlocks - 1)
-          for (int t = 0; t < (two_tiles ? 2 : 1); ++t)
-            for (int l = 0; l < 8; ++l)
-              _mm_prefetch(reinterpret_cast<const char*>(w0 + t * word_stride + 128 + 16 * l),
-                           _MM_HINT_T1);
-        const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
-        const uint16_t* t0 = tbl.data() + (g0 - g_first) * kTable;
-        const uint16_t* t1 = tbl.data() + (g1 - g_first) * kTable;
-        const bool two_groups = g1 != g0;
-        const int64_t step = (kt - kt0) / kAmxDecodeStepTiles;
-        const int half = static_cast<int>(step & 1);
-        if (!two_tiles)
-          amx_decode_step<kLo, false, false, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
-        else if (two_groups)
-          amx_decode_step<kLo, true, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
-        else
-          amx_decode_step<kLo, false, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
-        if (step > 0) {  // the previous step's products
-          const uint32_t* xt_step = xt + (kt0 / 2 + step - 1) * 256 * kBlocks;
-          amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][0]);
-          if constexpr (kLo) amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][kLo]);
-        }
-        last = step;
+  for (int64_t kb = kt0; kb < kt1; kb += block) {
+    const int64_t kbe = std::min(kt1, kb + block);
+    const bool first = kb == kt0, last_block = kbe == kt1;
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      uint16_t* ctbl = tbl.data() + (ch - ch0) * groups * kTable;
+      for (int64_t kt = kb; kt < kbe; ++kt) {
+        const int64_t g = tile_group[kt];
+        uint8_t& done = built[(ch - ch0) * groups + (g - g_first)];
+        if (done) continue;
+        build_pair_table_avx512<kFp16, false, kFp16>(
+            per_channel ? nullptr : p.scales + g * p.size_n + 64 * ch,
+            p.zeros ? p.zeros + g * (p.size_n / 8) + 8 * ch : nullptr,
+            ctbl + (g - g_first) * kTable);
+        done = 1;
       }
-      const uint32_t* xt_last = xt + (kt0 / 2 + last) * 256 * kBlocks;
-      amx_decode_products<kBlocks>(xt_last, abuf[last & 1][0]);
-      if constexpr (kLo) amx_decode_products<kBlocks>(xt_last, abuf[last & 1][kLo]);
-      _tile_stored(0, cbuf[0], 64);
-      _tile_stored(1, cbuf[1], 64);
-      _tile_stored(2, cbuf[2], 64);
-      _tile_stored(3, cbuf[3], 64);
-      // C tile jl * kBlocks + b: [column 16 (j0 + jl) + r][x^T column]; fp16: row 8b + i is
-      // hi column i plus lo column 8 + i
-      for (int64_t m = 0; m < rows; ++m)
-        for (int jl = 0; jl < kJ; ++jl)
-          for (int r = 0; r < 16; ++r) {
-            const float* c_row = cbuf[jl * kBlocks + m / 8 % kBlocks] + r * 16;
-            const int64_t n = 64 * ch + 16 * (j0 + jl) + r;
-            part[m * p.size_n + n] = kFp16 ? c_row[m % 8] + c_row[8 + m % 8] : c_row[m];
+      constexpr int kJ = 4 / kBlocks;  // 16-column tiles per pass
+      const int32_t* chunk_words = p.b_q_weight + 128 * ch;
+      for (int pass = 0; pass < kBlocks; ++pass) {
+        const int j0 = pass * kJ;
+        float* cs = cstore.data() + ((ch - ch0) * kBlocks + pass) * 4 * 256;
+        if (first) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, cs, 64);
+          _tile_loadd(1, cs + 256, 64);
+          _tile_loadd(2, cs + 512, 64);
+          _tile_loadd(3, cs + 768, 64);
+        }
+        int64_t last = 0;  // the last step decoded
+        for (int64_t kt = kb; kt < kbe; kt += kAmxDecodeStepTiles) {
+          const int32_t* w0 = chunk_words + kt * word_stride;
+          const bool two_tiles = kt + 1 < kbe;
+          if (pass == kBlocks - 1) {  // the next chunk's lines (or the next block's first)
+            const int32_t* next = ch + 1 < ch1 ? w0 + 128 : last_block ? nullptr
+                                  : p.b_q_weight + 128 * ch0 + (kt + block) * word_stride;
+            if (next)
+              for (int t = 0; t < (two_tiles ? 2 : 1); ++t)
+                for (int l = 0; l < 8; ++l)
+                  _mm_prefetch(reinterpret_cast<const char*>(next + t * word_stride + 16 * l),
+                               _MM_HINT_T1);
           }
+          const int64_t g0 = tile_group[kt], g1 = two_tiles ? tile_group[kt + 1] : g0;
+          const uint16_t* t0 = ctbl + (g0 - g_first) * kTable;
+          const uint16_t* t1 = ctbl + (g1 - g_first) * kTable;
+          const bool two_groups = g1 != g0;
+          const int64_t step = (kt - kb) / kAmxDecodeStepTiles;
+          const int half = static_cast<int>(step & 1);
+          if (!two_tiles)
+            amx_decode_step<kLo, false, false, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+          else if (two_groups)
+            amx_decode_step<kLo, true, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+          else
+            amx_decode_step<kLo, false, true, kJ>(w0, word_stride, t0, t1, consts, j0, abuf[half]);
+          if (step > 0) {  // the previous step's products
+            const uint32_t* xt_step = xt + ((kb - kt0) / 2 + kt0 / 2 + step - 1) * 256 * kBlocks;
+            amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][0]);
+            if constexpr (kLo) amx_decode_products<kBlocks>(xt_step, abuf[half ^ 1][kLo]);
+          }
+          last = step;
+        }
+        const uint32_t* xt_last = xt + ((kb - kt0) / 2 + kt0 / 2 + last) * 256 * kBlocks;
+        amx_decode_products<kBlocks>(xt_last, abuf[last & 1][0]);
+        if constexpr (kLo) amx_decode_products<kBlocks>(xt_last, abuf[last & 1][kLo]);
+        if (!last_block) {
+          _tile_stored(0, cs, 64);
+          _tile_stored(1, cs + 256, 64);
+          _tile_stored(2, cs + 512, 64);
+          _tile_stored(3, cs + 768, 64);
+          continue;
+        }
+        _tile_stored(0, cbuf[0], 64);
+        _tile_stored(1, cbuf[1], 64);
+        _tile_stored(2, cbuf[2], 64);
+        _tile_stored(3, cbuf[3], 64);
+        // C tile jl * kBlocks + b: [column 16 (j0 + jl) + r][x^T column]; fp16: row 8b + i is
+        // hi column i plus lo column 8 + i
+        for (int64_t m = 0; m < rows; ++m)
+          for (int jl = 0; jl < kJ; ++jl)
+            for (int r = 0; r < 16; ++r) {
+              const float* c_row = cbuf[jl * kBlocks + m / 8 % kBlocks] + r * 16;
+              const int64_t n = 64 * ch + 16 * (j0 + jl) + r;
+              part[m * p.size_n + n] = kFp16 ? c_row[m % 8] + c_row[8 + m % 8] : c_row[m];
+            }
+      }
     }
   }
 }
+
 
 inline void amx_decode_chunks(const W4a16GemmProblem& p, int64_t ch0, int64_t ch1, int64_t rows,
                               int64_t kt0, int64_t kt1, const int32_t* tile_group,
