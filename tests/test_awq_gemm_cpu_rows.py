@@ -2,7 +2,7 @@
 the columns in the lanes, summed in the tile path's order, so its bits must be the portable
 tile path's (chunk_scalar: W4K_CPU_ISA=scalar with the lookups off, W4K_AWQ_LUT_ROWS=0).
 
-It runs by default for bf16 at M <= 3 on a CPU with AMX-BF16 (W4K_CPU_AMX=0 turns it off there,
+It runs by default for bf16 at M = 1 on a CPU with AMX-BF16 (W4K_CPU_AMX=0 turns it off there,
 which is how the other path tests see the lookup path); W4K_AWQ_ROW_ROWS=n runs it at M <= min(n, 3) on
 any CPU with AVX-512 BF16 + VBMI, and the AVX2 and portable paths then sum in the tile order too,
 so the bits agree on every ISA with the knob set. A profiler event names the path, so the tests
@@ -121,18 +121,18 @@ def test_awq_rows_hostile_scale_takes_the_portable_line(monkeypatch, value):
 
 
 def test_awq_rows_default_rows(monkeypatch):
-    """Where it runs without the knob: bf16 at M <= 3 on a CPU with AMX-BF16 (not at 4, not
+    """Where it runs without the knob: bf16 at M = 1 on a CPU with AMX-BF16 (not at 2, not
     with W4K_CPU_AMX=0, not for fp16, not with an odd group size), nowhere on other CPUs."""
     if not ROW_CPU:
         pytest.skip("the row path needs AVX-512 (BF16 + VBMI); on this CPU it cannot run")
     monkeypatch.delenv("W4K_AWQ_ROW_ROWS", raising=False)
     amx = AMX_CPU
     qw, s, qz = _awq(256, 256, 64, torch.bfloat16, seed=1)
-    for m in (1, 3, 4):
+    for m in (1, 2, 4):
         x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).bfloat16()
         events = []
         _run(monkeypatch, {}, 2, x, qw, s, qz, events)
-        assert (EVENT in events) == (amx and m <= 3), m
+        assert (EVENT in events) == (amx and m == 1), m
         events = []
         _run(monkeypatch, {"W4K_CPU_AMX": "0"}, 2, x, qw, s, qz, events)
         assert EVENT not in events

@@ -522,12 +522,12 @@ def _awq_gemm_and_path(x, qw, s, qz):
     return out, any(e.name == AMX_T_EVENT for e in prof.events())
 
 
-@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {3: False, 4: True, 64: True,
-                                                           65: False}),
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {1: False, 2: True, 16: True,
+                                                           17: True, 64: True, 65: False}),
                                         (torch.float16, {11: False, 12: True, 48: True,
                                                          49: False})])
 def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
-    """By default the path takes bf16 at 4..64 rows (1..3: the row path, awq_gemm_cpu_rows.h)
+    """By default the path takes bf16 at 2..64 rows (1: the row path, awq_gemm_cpu_rows.h)
     and fp16 at 12..48 (K and the group size multiples of 32), and nothing where K is not
     (K = 1040, group 80)."""
     _env(monkeypatch, {"W4K_CPU_AMX": "1"})
@@ -543,6 +543,32 @@ def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
             w = reference.awq_dequantize(qw, s, qz).double()
             assert_gemm_close(out, x.double() @ w, x.double(), w,
                               terms=4 * size_k if dtype == torch.float16 else None)
+
+
+@pytest.mark.parametrize("size_m", [2, 16, 20])
+def test_awq_amx_weights_as_a_item_width_keeps_bits(monkeypatch, size_m):
+    """At M <= 16 the weights-as-A tiles take one wide work item per thread and 32-row strips
+    (awq_gemm_cpu_amx.h amx_t_item_lines, amx_t_strip), from 17 rows 4-line items and 128-row
+    strips; W4K_AWQ_AMX_T_LINES forces a width. N = 4232: 33 lines and a 1-word tail. Every width
+    and thread count gives the default's bits."""
+    _env(monkeypatch, {"W4K_CPU_AMX": "1"})
+    monkeypatch.delenv("W4K_AWQ_AMX_T_LINES", raising=False)
+    qw, s, qz = _awq(512, 4232, 64, torch.bfloat16, seed=size_m)
+    x = torch.randn(size_m, 512, generator=torch.Generator().manual_seed(1)).bfloat16()
+    default, ran = _awq_gemm_and_path(x, qw, s, qz)
+    assert ran
+    for lines in ("1", "4", "33", "64"):
+        monkeypatch.setenv("W4K_AWQ_AMX_T_LINES", lines)
+        for threads in (1, 2):
+            old = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                out = torch.ops.w4kernels.awq_gemm(x, qw, s, qz, 8)
+            finally:
+                torch.set_num_threads(old)
+            assert golden.same_bits(out, default), f"{lines} lines, {threads} threads"
+    w = reference.awq_dequantize(qw, s, qz).double()
+    assert_gemm_close(default, x.double() @ w, x.double(), w)
 
 
 def test_awq_amx_at_few_rows_when_forced(monkeypatch):

@@ -298,8 +298,10 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
     cpu::WorkQueue::instance().run(
         awq_cpu::amx_t_row_blocks(awq_cpu::amx_t_tile_rows(pb)), threads,
         [&](int64_t rb) { awq_cpu::amx_t_x_tiles(pb, rb, xt.get()); });
-    const int64_t cols = awq_cpu::kAmxTItemLines * awq_cpu::kAmxTLine;
-    const int64_t floats = awq_cpu::amx_t_scratch_floats(awq_cpu::amx_t_tile_rows(pb));
+    const int64_t lines = awq_cpu::amx_t_item_lines(
+        awq_cpu::amx_t_row_blocks(awq_cpu::amx_t_tile_rows(pb)), pb.size_n, threads);
+    const int64_t cols = lines * awq_cpu::kAmxTLine;
+    const int64_t floats = awq_cpu::amx_t_scratch_floats(awq_cpu::amx_t_tile_rows(pb), lines);
     cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
       const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
       if (kFp16)

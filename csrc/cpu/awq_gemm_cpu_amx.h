@@ -65,7 +65,26 @@ constexpr int64_t kAmxTItemLines = 4;  // lines per work item (each strip's rows
 constexpr int64_t kAmxTALo = kAmxTStrip / kAmxTStep * kAmxTLine * 32;  // lo A rows: after hi
 // Prefetch distances of the weight rows, in rows: the next strip's into L2 (that is, one
 // work item's pass over its lines ahead), the next step's into L1.
-constexpr int64_t kAmxTPrefetchL2 = kAmxTStrip, kAmxTPrefetchL1 = kAmxTStep;
+constexpr int64_t kAmxTPrefetchL1 = kAmxTStep;
+// At M <= 16 (one row block of x^T; bf16 only, fp16's split rows take two from 8 rows) the
+// weight stream is the cost, and it wants long runs of each row: one work item per thread (at
+// most 64 lines, 8192 columns) and strips of one 32-row step, as awq_gemm_cpu_rows.h measured.
+// 2026-12-02 (AMX Xeon VM, 2 threads, weights rotated, medians of 5, bf16 g128), ms, 4 lines x
+// 128-row strips -> wide items x 32-row strips: 11008 x 4096 M = 3 4.52 -> 2.42, M = 4 4.45-4.51
+// -> 2.18-2.48 (64-row strips 2.68-2.93; half-width items 3.58-3.76), M = 8 4.46 -> 2.62, M = 16
+// 4.47 -> 2.78; 4096 x 11008 M = 2 / 4 / 8 / 16 4.98 / 4.77 / 5.15 / 5.05 -> 3.16 / 3.02 / 2.81 /
+// 2.98; 4096 x 4096 M = 16 1.94 -> 1.19. From two row blocks (M = 32, 64) the products are the
+// cost and wide items only crowd L2 with their C tiles (M = 64: 6.5 -> 6.7-7.6 ms): the old
+// items there. W4K_AWQ_AMX_T_LINES sets the width.
+constexpr int64_t kAmxTFewStrip = kAmxTStep;
+inline int64_t amx_t_strip(int64_t blocks) { return blocks == 1 ? kAmxTFewStrip : kAmxTStrip; }
+inline int64_t amx_t_item_lines(int64_t blocks, int64_t size_n, int64_t threads) {
+  if (const char* env = std::getenv("W4K_AWQ_AMX_T_LINES"))
+    return std::clamp<int64_t>(std::atoll(env), 1, 64);
+  if (blocks > 1) return kAmxTItemLines;
+  const int64_t all = (size_n + kAmxTLine - 1) / kAmxTLine;
+  return std::clamp<int64_t>((all + threads - 1) / threads, kAmxTItemLines, 64);
+}
 
 inline int64_t amx_t_row_blocks(int64_t size_m) { return (size_m + 15) / 16; }
 // The B tiles of x: 16 rows x K / 2 pairs per block of 16 rows.
@@ -75,9 +94,9 @@ inline int64_t amx_t_x_dwords(const Problem& pb) {
 }
 // Per-thread scratch floats of chunk_amx_t (tile_rows: the rows of x as B tile columns: M, or
 // amx_split_tile_rows(M) for fp16).
-inline int64_t amx_t_scratch_floats(int64_t tile_rows) {
-  return kAmxTItemLines * amx_t_row_blocks(tile_rows) * 8 * 256  // C tiles [line][block][8][256]
-         + 2 * kAmxTItemLines * kAmxTLine * 8   // tables [line][column][16 bf16] (fp16: hi, lo)
+inline int64_t amx_t_scratch_floats(int64_t tile_rows, int64_t lines) {
+  return lines * amx_t_row_blocks(tile_rows) * 8 * 256  // C tiles [line][block][8][256]
+         + 2 * lines * kAmxTLine * 8   // tables [line][column][16 bf16] (fp16: hi, lo)
          + 2 * kAmxTStrip / kAmxTStep * kAmxTLine * 16  // A rows [step][column][32 bf16] (+ lo)
          + 256;                                         // a transposed half step
 }
@@ -168,7 +187,7 @@ W4K_AWQ_AMX_T inline void amx_t_tables(const Problem& pb, int64_t g, int64_t n, 
 template <bool kSplit>
 W4K_AWQ_AMX_T inline void amx_t_decode(const Problem& pb, int64_t k0, int64_t kb, int64_t w0,
                                        int64_t words, const uint16_t* tab, uint16_t* abuf,
-                                       uint32_t* tbuf) {
+                                       uint32_t* tbuf, int64_t ahead) {
   const int64_t ldq = pb.size_n / 8;
   const __mmask16 wmask = static_cast<__mmask16>((1u << words) - 1);
   // dword j of a step's unit register: dword 2j (unit 0) or 2j + 1 (unit 1) of the rows 0..15
@@ -190,7 +209,7 @@ W4K_AWQ_AMX_T inline void amx_t_decode(const Problem& pb, int64_t k0, int64_t kb
       // spread over the lookups (in one burst with the loads they stall on the miss queue):
       // this step's rows of the next strip into L2, the next step's rows into L1
       for (int64_t i = 2 * w; i < 2 * w + 2; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(row + (i + kAmxTPrefetchL2) * ldq),
+        _mm_prefetch(reinterpret_cast<const char*>(row + (i + ahead) * ldq),
                      _MM_HINT_T1);
         _mm_prefetch(reinterpret_cast<const char*>(row + (i + kAmxTPrefetchL1) * ldq),
                      _MM_HINT_T0);
@@ -251,18 +270,20 @@ W4K_AWQ_AMX_T inline void amx_t_products(const uint16_t* abuf, int64_t steps,
   cpu::amx_stores_before_tile_load();  // the next strip's decode refills abuf
 }
 
-// Columns [n_begin, n_end) of the output (n_begin a multiple of 128, at most kAmxTItemLines
-// lines; n_end a multiple of 8), every row: strips of the group's rows outside (their rows'
-// pages stay in the TLB while every line of the item is read), lines inside.
+// Columns [n_begin, n_end) of the output (n_begin a multiple of 128, the lines scratch was sized
+// for, amx_t_item_lines; n_end a multiple of 8), every row: strips of the group's rows outside
+// (amx_t_strip rows; their rows' pages stay in the TLB while every line of the item is read),
+// lines inside.
 template <bool kSplit>
 W4K_AWQ_AMX_T void chunk_amx_t(const Problem& pb, const uint32_t* xt, int64_t n_begin,
                                int64_t n_end, float* scratch) {
   const int64_t blocks = amx_t_row_blocks(amx_t_tile_rows(pb)), steps = pb.size_k / kAmxTStep;
   const int64_t group_size = pb.size_k / pb.groups;
   const int64_t words_all = (n_end - n_begin) / 8, lines = (words_all + 15) / 16;
+  const int64_t strip = amx_t_strip(blocks);
   float* acc = scratch;  // [line][row block][8 column tiles][16 columns][16 rows]
-  uint16_t* tabs = reinterpret_cast<uint16_t*>(acc + kAmxTItemLines * blocks * 8 * 256);
-  uint16_t* abuf = tabs + 2 * kAmxTItemLines * kAmxTLine * 16;  // tables: [line][hi, lo][...]
+  uint16_t* tabs = reinterpret_cast<uint16_t*>(acc + lines * blocks * 8 * 256);
+  uint16_t* abuf = tabs + 2 * lines * kAmxTLine * 16;  // tables: [line][hi, lo][...]
   uint32_t* tbuf = reinterpret_cast<uint32_t*>(abuf + 2 * kAmxTALo);
   std::memset(acc, 0, sizeof(float) * lines * blocks * 8 * 256);
   cpu::AmxTileScope amx_tiles(true);
@@ -271,12 +292,12 @@ W4K_AWQ_AMX_T void chunk_amx_t(const Problem& pb, const uint32_t* xt, int64_t n_
       amx_t_tables<kSplit>(pb, g, n_begin + kAmxTLine * l,
                            std::min(kAmxTLine, n_end - n_begin - kAmxTLine * l),
                            tabs + l * 2 * kAmxTLine * 16);
-    for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += kAmxTStrip) {
-      const int64_t kb = std::min(kAmxTStrip, (g + 1) * group_size - k0);
+    for (int64_t k0 = g * group_size; k0 < (g + 1) * group_size; k0 += strip) {
+      const int64_t kb = std::min(strip, (g + 1) * group_size - k0);
       for (int64_t l = 0; l < lines; ++l) {
         amx_t_decode<kSplit>(pb, k0, kb, n_begin / 8 + 16 * l,
                              std::min<int64_t>(16, words_all - 16 * l),
-                             tabs + l * 2 * kAmxTLine * 16, abuf, tbuf);
+                             tabs + l * 2 * kAmxTLine * 16, abuf, tbuf, strip);
         for (int64_t rb = 0; rb < blocks; ++rb)
           amx_t_products<kSplit>(abuf, kb / kAmxTStep, xt + (rb * steps + k0 / kAmxTStep) * 256,
                          acc + (l * blocks + rb) * 8 * 256);

@@ -74,7 +74,7 @@ constexpr int64_t kLutMaxMFp16 = 7;
 // 1.27 / 1.27 / 1.31x on 4096 x 4096 / 11008 x 4096 / 4096 x 11008. W4K_AWQ_LUT_ROWS overrides
 // the limit of every path (tests and benchmarks compare the paths with it).
 // Since 2026-12-02 the row path (awq_gemm_cpu_rows.h) takes bf16 at M <= 3 on such a CPU first.
-constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 2;
+constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 1;
 template <Dtype D>
 inline bool lut_path_applies(const Problem& pb, bool amx = false) {
   if (row_path_applies<D>(pb, amx)) return false;  // its order is the tile path's

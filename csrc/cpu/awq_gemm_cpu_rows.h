@@ -31,12 +31,11 @@
 // (row_lines), so that each row is read in long runs. Used for bf16 at M <= row_path_rows() with
 // an even group size (a pair never spans two groups).
 // Measured on the AMX Xeon VM (2026-12-02; 2 threads, weights rotated past the L3, medians of 5
-// rounds, bf16 group 128), x the previous default (the lookup path at M = 1-2, the AMX tiles with
-// the weights as A at 3-4) on 4096 x 4096 / 11008 x 4096 / 4096 x 11008: M = 1 1.72 / 1.65 / 1.59,
-// M = 2 1.38 / 1.53 / 1.50, M = 3 1.27 / 1.38 (4096 x 4096 / 11008 x 4096), M = 4 1.07 / 1.03
-// (so the tiles keep M = 4). One thread with the weight in L2 (2048 x 1024, M = 1) it runs at
-// 0.93x the lookup path's speed: the gain is the memory order (the same items and strips give
-// the lookup path 1.14x, its 128-row strips and tables need their long strips).
+// rounds, bf16 group 128), x the lookup path (the default at M = 1 before): 1.50-1.65 on
+// 4096 x 4096 / 11008 x 4096 / 4096 x 11008 (three rounds alternating in fresh processes), and
+// 1.38-1.53 at M = 2. One thread with the weight in L2 (2048 x 1024, M = 1) it runs at 0.93x the
+// lookup path's speed: the gain is the memory order (the lookup path given the same items gains
+// 1.14x; its 128-row strips and per-column tables need their long strips).
 #pragma once
 
 #include <immintrin.h>
@@ -62,9 +61,13 @@ constexpr int64_t kRowParamFloats = 8 * 4 * 16;  // per line and group: [j][16 s
 constexpr int kRowNibbleCol[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble j holds column 8w + c(j)
 
 // Rows up to which the row path runs: on a CPU with AMX-BF16 (the Intel cores it was measured
-// on) kRowRowsAmx, elsewhere none (there the lookup path's vpermw is one fast instruction);
-// W4K_AWQ_ROW_ROWS overrides both (tests run the path on any AVX-512 BF16 CPU with it).
-constexpr int64_t kRowRowsAmx = 3;
+// on) kRowRowsAmx, elsewhere none (there the lookup path's vpermw is one fast instruction; not
+// measured against it yet); W4K_AWQ_ROW_ROWS overrides both (tests run the path on any AVX-512
+// BF16 CPU with it). On the AMX Xeon the tiles with the weights as A, given the same long row
+// runs (awq_gemm_cpu_amx.h amx_t_item_lines), are level with it at M = 1 (0.98-1.05x) and ahead
+// from 2 rows (2 threads, weights rotated, two rounds: M = 2 1.05-1.19x, M = 3 1.17-1.37x on the
+// three shapes), so they take M >= 2 there.
+constexpr int64_t kRowRowsAmx = 1;
 inline int64_t row_path_rows(bool amx) {
   if (const char* env = std::getenv("W4K_AWQ_ROW_ROWS"))
     return std::min<int64_t>(std::atoll(env), kRowMaxRows);
