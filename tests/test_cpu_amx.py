@@ -524,11 +524,11 @@ def _awq_gemm_and_path(x, qw, s, qz):
 
 @pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, {1: False, 2: True, 16: True,
                                                            17: True, 64: True, 65: False}),
-                                        (torch.float16, {11: False, 12: True, 48: True,
+                                        (torch.float16, {1: False, 2: True, 48: True,
                                                          49: False})])
 def test_awq_amx_weights_as_a_default_rows(monkeypatch, dtype, rows):
     """By default the path takes bf16 at 2..64 rows (1: the row path, awq_gemm_cpu_rows.h)
-    and fp16 at 12..48 (K and the group size multiples of 32), and nothing where K is not
+    and fp16 at 2..48 (K and the group size multiples of 32), and nothing where K is not
     (K = 1040, group 80)."""
     _env(monkeypatch, {"W4K_CPU_AMX": "1"})
     for key in ("W4K_AWQ_AMX_T", "W4K_AWQ_AMX_T_FP16_ROWS", "W4K_AWQ_LUT_ROWS",

@@ -184,7 +184,13 @@ inline bool amx_t_applies(const Problem& pb) {
 // 11008 x 4096 / 4096 x 11008 / 4096 x 4096: M = 8 0.94 / 1.32 / 0.92, M = 12 1.23 / 1.10,
 // M = 16 1.40 / 1.28 / 1.51, M = 32 1.03 / 1.07 / 1.17, M = 48 1.06 / 1.01, M = 64 1.00 / 0.79
 // / 0.96. W4K_AWQ_AMX_T_FP16_ROWS moves the lower limit, W4K_AWQ_AMX_T=1 lifts the upper one.
-constexpr int64_t kAmxTFp16MinRows = 12, kAmxTFp16MaxRows = 48;
+// 2026-12-02, with the wide items at M <= 8 (x's split rows in one block of x^T,
+// awq_gemm_cpu_amx.h amx_t_item_lines; 2 threads, weights rotated, two rounds alternating in
+// fresh processes, best of each), x the paths before (the lookups at M <= 7, the fp32 FMA tile
+// path at 8..11) on 4096 x 4096 / 11008 x 4096 / 4096 x 11008: M = 2 1.04 / 1.08 / 1.08, M = 4
+// 1.22 / 1.23 / 1.75, M = 6 1.41 / 1.63 / 1.62, M = 8 1.65 / 1.59 / 2.06, M = 10 1.32 / 1.15 /
+// 1.06 (M = 1 0.90-1.01: the lookups keep it). The lower limit moved from 12 to 2.
+constexpr int64_t kAmxTFp16MinRows = 2, kAmxTFp16MaxRows = 48;
 inline bool amx_t_fp16_applies(const Problem& pb) {
   const char* rows = std::getenv("W4K_AWQ_AMX_T_FP16_ROWS");
   const char* env = std::getenv("W4K_AWQ_AMX_T");

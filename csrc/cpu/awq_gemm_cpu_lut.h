@@ -75,6 +75,9 @@ constexpr int64_t kLutMaxMFp16 = 7;
 // the limit of every path (tests and benchmarks compare the paths with it).
 // Since 2026-12-02 the row path (awq_gemm_cpu_rows.h) takes bf16 at M <= 3 on such a CPU first.
 constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 1;
+// fp16 on such a CPU: the weights-as-A tiles from 2 rows where they apply (awq_gemm_cpu.h
+// kAmxTFp16MinRows), the lookups at 1.
+constexpr int64_t kLutMaxMFp16AmxT = 1;
 template <Dtype D>
 inline bool lut_path_applies(const Problem& pb, bool amx = false) {
   if (row_path_applies<D>(pb, amx)) return false;  // its order is the tile path's
@@ -83,7 +86,8 @@ inline bool lut_path_applies(const Problem& pb, bool amx = false) {
                         : D == Dtype::kBFloat16
                             ? (!amx ? kLutMaxMBf16
                                     : amx_t_applies(pb) ? kLutMaxMBf16AmxT : kLutMaxMBf16Amx)
-                                                : kLutMaxMFp16;
+                        : amx && amx_t_applies(pb) ? kLutMaxMFp16AmxT
+                                                   : kLutMaxMFp16;
   return pb.size_m <= max_m && pb.size_k % 16 == 0 && (pb.size_k / pb.groups) % 16 == 0;
 }
 
