@@ -434,14 +434,15 @@ INT8_MODE = ["w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]  # also r
 
 def on_amx(name, m):
     """How many tile products per product the row spends where the CPU has AMX tiles (0: not
-    on the tiles), by the ops' default limits: bf16 w4a16_gemm from 5 rows and awq_gemm from
-    4 (1; its row path takes 1..3), fp16 split into two bf16 (4) in w4a16_gemm from 7 rows and awq_gemm from 12; never
+    on the tiles), by the ops' default limits: bf16 w4a16_gemm at every M (its decode split on
+    the tiles up to 12 rows, the tile path above) and awq_gemm from 2 rows (its row path takes
+    M = 1), fp16 split into two bf16 (4) in w4a16_gemm from 3 rows and awq_gemm from 2; never
     with W4K_CPU_AMX=0 (@noamx) or an ISA cap."""
     if " @" in name or not name.startswith(("w4a16", "awq_gemm ")):
         return 0
     if name.endswith("bf16"):
-        return 1 if m >= (4 if name.startswith("awq_gemm") else 5) else 0
-    return 4 if m >= (12 if name.startswith("awq_gemm") else 7) else 0
+        return 1 if m >= (2 if name.startswith("awq_gemm") else 1) else 0
+    return 4 if m >= (2 if name.startswith("awq_gemm") else 3) else 0
 
 
 def with_isa(built, isa):
