@@ -186,15 +186,21 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // AVX2 path (awq_gemm_cpu_avx2.h): CPUs with AVX2 + FMA + F16C but not the AVX-512 path's
 // BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the tile path's), summed
 // in the order of the portable path the shape selects; x widened to fp32 once (exact).
+// bf16 x as fp32 [M, K], contiguous (exact).
+std::vector<float> widen_bf16_rows(const awq_cpu::Problem& pb) {
+  std::vector<float> xf(pb.size_m * pb.size_k);
+  for (int64_t m = 0; m < pb.size_m; ++m)
+    for (int64_t k = 0; k < pb.size_k; ++k)
+      xf[m * pb.size_k + k] = awq_cpu::bf16_to_float(pb.x[m * pb.ldx + k]);
+  return xf;
+}
+
 template <awq_cpu::Dtype D>
 void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
   const bool lut_order = awq_cpu::lut_path_applies<D>(pb);
   std::vector<float> xbuf;
-  if (xf == nullptr) {  // bf16: the widening is exact
-    xbuf.resize(pb.size_m * pb.size_k);
-    for (int64_t m = 0; m < pb.size_m; ++m)
-      for (int64_t k = 0; k < pb.size_k; ++k)
-        xbuf[m * pb.size_k + k] = awq_cpu::bf16_to_float(pb.x[m * pb.ldx + k]);
+  if (xf == nullptr) {  // bf16
+    xbuf = widen_bf16_rows(pb);
     xf = xbuf.data();
   }
   const int64_t chunk_cols = awq_cpu::kChunkBlocks * awq_cpu::kBlockN;
@@ -243,14 +249,11 @@ void awq_gemm_run(awq_cpu::Problem pb, const at::Tensor& x) {
     // The row path (awq_gemm_cpu_rows.h): the tile path's bits from AutoAWQ's rows as stored.
     RECORD_FUNCTION("w4kernels::awq_gemm[rows]", std::vector<c10::IValue>());
     const int64_t threads = at::get_num_threads();
-    std::vector<float> xf(pb.size_m * pb.size_k);  // exact: bf16 -> fp32
-    for (int64_t m = 0; m < pb.size_m; ++m)
-      for (int64_t k = 0; k < pb.size_k; ++k)
-        xf[m * pb.size_k + k] = awq_cpu::bf16_to_float(pb.x[m * pb.ldx + k]);
+    const std::vector<float> xf = widen_bf16_rows(pb);  // the fma form's x
     const int64_t lines = awq_cpu::row_lines(pb.size_n, threads);
     const int64_t cols = 128 * lines;
     const int64_t floats = awq_cpu::row_scratch_floats(pb.size_m, lines);
-    const bool fma = awq_cpu::row_fma(pb.size_m);
+    const bool fma = pb.size_m >= awq_cpu::lut_fma_min_rows();  // as the lookups
     cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, threads, [&](int64_t c) {
       const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
       float* scratch = thread_scratch(floats);

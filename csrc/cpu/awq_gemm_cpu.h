@@ -199,6 +199,14 @@ inline bool amx_t_fp16_applies(const Problem& pb) {
          (pb.size_m <= kAmxTFp16MaxRows || forced) && amx_t_applies(pb);
 }
 
+// 128-column lines per work item for one item per thread (at most 64 lines, 8192 columns): the
+// row path's and the few-row weights-as-A tiles' items (awq_gemm_cpu_rows.h row_lines,
+// awq_gemm_cpu_amx.h amx_t_item_lines), whose weight rows want long runs.
+inline int64_t lines_per_thread(int64_t size_n, int64_t threads) {
+  const int64_t all = (size_n + 127) / 128;
+  return std::clamp<int64_t>((all + threads - 1) / threads, 1, 64);
+}
+
 // Per-thread scratch: sized by scratch_floats().
 inline int64_t scratch_floats(int64_t size_m, int64_t chunk_blocks = kChunkBlocks) {
   return size_m * chunk_blocks * kBlockN      // accumulators of one chunk, lane order

@@ -63,8 +63,8 @@ constexpr int64_t kAmxTStep = 32;    // k per tile step
 constexpr int64_t kAmxTStrip = 128;  // k decoded per line before its products (32 KiB of A rows)
 constexpr int64_t kAmxTItemLines = 4;  // lines per work item (each strip's rows: 256 bytes)
 constexpr int64_t kAmxTALo = kAmxTStrip / kAmxTStep * kAmxTLine * 32;  // lo A rows: after hi
-// Prefetch distances of the weight rows, in rows: the next strip's into L2 (that is, one
-// work item's pass over its lines ahead), the next step's into L1.
+// Prefetch distance of the weight rows into L1, in rows: the next step's (the next strip's go
+// into L2, amx_t_strip rows ahead: one pass of the work item over its lines).
 constexpr int64_t kAmxTPrefetchL1 = kAmxTStep;
 // At M <= 16 (one row block of x^T; bf16 only, fp16's split rows take two from 8 rows) the
 // weight stream is the cost, and it wants long runs of each row: one work item per thread (at
@@ -82,8 +82,7 @@ inline int64_t amx_t_item_lines(int64_t blocks, int64_t size_n, int64_t threads)
   if (const char* env = std::getenv("W4K_AWQ_AMX_T_LINES"))
     return std::clamp<int64_t>(std::atoll(env), 1, 64);
   if (blocks > 1) return kAmxTItemLines;
-  const int64_t all = (size_n + kAmxTLine - 1) / kAmxTLine;
-  return std::clamp<int64_t>((all + threads - 1) / threads, kAmxTItemLines, 64);
+  return std::max(kAmxTItemLines, lines_per_thread(size_n, threads));
 }
 
 inline int64_t amx_t_row_blocks(int64_t size_m) { return (size_m + 15) / 16; }

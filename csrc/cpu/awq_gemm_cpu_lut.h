@@ -73,7 +73,7 @@ constexpr int64_t kLutMaxMFp16 = 7;
 // that path over this one: M = 2 0.89x on 4096 x 4096; M = 3 1.05 / 1.10 / 1.13x and M = 4
 // 1.27 / 1.27 / 1.31x on 4096 x 4096 / 11008 x 4096 / 4096 x 11008. W4K_AWQ_LUT_ROWS overrides
 // the limit of every path (tests and benchmarks compare the paths with it).
-// Since 2026-12-02 the row path (awq_gemm_cpu_rows.h) takes bf16 at M <= 3 on such a CPU first.
+// Since 2026-12-02 the row path (awq_gemm_cpu_rows.h) takes bf16 at M = 1 on such a CPU first.
 constexpr int64_t kLutMaxMBf16Amx = 4, kLutMaxMBf16AmxT = 1;
 // fp16 on such a CPU: the weights-as-A tiles from 2 rows where they apply (awq_gemm_cpu.h
 // kAmxTFp16MinRows), the lookups at 1.

@@ -5,8 +5,9 @@
 //
 // Why: the lookup path (awq_gemm_cpu_lut.h) needs K in the lanes, so it transposes every
 // 16 x 16 block of words and builds a 16-entry table per column and group on every call; on
-// the Intel cores with AMX (2 x 512-bit vector ports, vpermw 2 uops, vdpbf16ps ~1.5 cycles) it
-// reaches ~4 GB/s of weight per core with the weight in cache. Here a row pair of a 64-byte line
+// the Intel cores with AMX it reaches ~7 GB/s of weight per core with the weight in L2 and ~3
+// streaming, its 128-row strips and tables needing the narrow items that the memory serves
+// badly (below). Here a row pair of a 64-byte line
 // (16 words of rows k and k + 1: 128 columns) becomes, per nibble j, one vector of 32 bf16 weights
 // in vdpbf16ps's pair order with ~8 instructions:
 //  * the two rows' words are interleaved by merge-masked loads (a row's words shifted one lane):
@@ -47,7 +48,6 @@
 #include <utility>
 
 #include "cpu/awq_gemm_cpu.h"
-#include "cpu/dot_form.h"
 
 namespace w4k {
 namespace awq_cpu {
@@ -92,8 +92,7 @@ inline bool row_path_applies(const Problem& pb, bool amx) {
 inline int64_t row_lines(int64_t size_n, int64_t threads) {
   if (const char* env = std::getenv("W4K_AWQ_LUT_LINES"))
     return std::clamp<int64_t>(std::atoll(env), 1, 64);
-  const int64_t all = (size_n + kRowLineWords * 8 - 1) / (kRowLineWords * 8);
-  return std::clamp<int64_t>((all + threads - 1) / threads, 1, 64);
+  return lines_per_thread(size_n, threads);
 }
 
 inline int64_t row_scratch_floats(int64_t size_m, int64_t lines) {
@@ -245,14 +244,6 @@ W4K_AWQ_AVX512 inline void row_pass(const int32_t* q0, int64_t ldq, int64_t pair
   }
   for (int m = 0; m < kM; ++m)
     for (int j = 0; j < kJN; ++j) _mm512_store_ps(acc + (m * 8 + kJ0 + j) * 16, a[m][j]);
-}
-
-// Whether the row path sums by the fma form at this many rows (W4K_AWQ_FMA_ROWS, as the lookup
-// path: from 2 rows where two FMAs cost at most 0.8x a vdpbf16ps).
-inline bool row_fma(int64_t rows) {
-  const char* env = std::getenv("W4K_AWQ_FMA_ROWS");
-  if (env) return rows >= std::atoll(env);
-  return rows >= 2 && cpu::fma_form_faster();
 }
 
 // Columns [n0, n1) (n0 a multiple of 128, n1 - n0 a multiple of 8) for every row; xf: x widened
