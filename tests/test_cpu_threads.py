@@ -157,3 +157,57 @@ def test_late_openmp_job_gives_the_same_bits(monkeypatch, two_threads):
     monkeypatch.setenv("W4K_QUEUE_TEST_LATE_US", "5000")
     for name, f in thunks.items():
         assert golden.same_bits(f(), expected[name]), name
+
+
+_STEER_SCRIPT = _FRESH_PREAMBLE + textwrap.dedent("""
+    import time
+    if len(os.sched_getaffinity(0)) < 2:
+        print("SKIP-CPUS"); sys.exit(0)
+    def masks():
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/status") as f:
+                out[tid] = [l for l in f if l.startswith("Cpus_allowed_list")][0].split()[1]
+        return out
+    usual = masks()[str(os.getpid())]  # the main thread's, which every thread inherits
+    os.environ["W4K_QUEUE"] = "omp"
+    expected = call(b, case)
+    os.environ["W4K_QUEUE"] = "own"
+    s0 = ops.cpu_thread_stats()
+    out = []
+    for _ in range(4):
+        time.sleep(0.02)  # the worker (W4K_QUEUE_SPIN_US=0: no poll) is asleep at each call
+        out.append(call(b, case))
+    s1 = ops.cpu_thread_stats()
+    assert all(golden.same_bits(r, expected) for r in out)
+    time.sleep(0.05)  # the worker restores its mask after its last item
+    after = masks()
+    assert all(m == usual for m in after.values()), (usual, after)
+    print("STEERED", s1["steered_wakes"] - s0["steered_wakes"])
+    print("OK")
+""")
+
+
+@pytest.mark.parametrize("steer", ["default", "0"])
+def test_woken_worker_is_steered_off_the_callers_cpu(steer):
+    """A worker woken from its sleep gets the caller's CPU taken out of its mask for the job
+    (the scheduler cannot queue it behind the caller) and has its mask back afterwards, every
+    thread of the process as it was; W4K_QUEUE_STEER=0 turns it off. Same bits either way."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("steering uses Linux CPU masks (pthread_setaffinity_np)")
+    env = {"W4K_QUEUE_SPIN_US": "0"}
+    if steer == "0":
+        env["W4K_QUEUE_STEER"] = "0"
+    all_env = {k: v for k, v in os.environ.items()
+               if not k.startswith("W4K_QUEUE") and k != "OMP_WAIT_POLICY"}
+    all_env.update(env)
+    res = subprocess.run([sys.executable, "-c", _STEER_SCRIPT], capture_output=True, text=True,
+                         env=all_env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    if res.stdout.strip() in ("SKIP", "SKIP-CPUS"):
+        pytest.skip("this process may run on one CPU only, so there is no other CPU to steer to")
+    lines = res.stdout.split()
+    assert lines[-1] == "OK", res.stdout
+    steered = int(lines[lines.index("STEERED") + 1])
+    # Every one of the 4 calls runs its jobs with the worker asleep at the first one.
+    assert (steered >= 4) if steer == "default" else (steered == 0), res.stdout

@@ -268,7 +268,7 @@ at::Tensor w4a16_gemm_cpu(const at::Tensor& a, const at::Tensor& b_q_weight,
 
 std::vector<int64_t> cpu_thread_stats() {
   const cpu::WorkQueue::Stats s = cpu::WorkQueue::instance().stats();
-  return {s.openmp_jobs, s.own_jobs, s.late_openmp_jobs};
+  return {s.openmp_jobs, s.own_jobs, s.late_openmp_jobs, s.steered_wakes};
 }
 
 }  // namespace

@@ -43,6 +43,16 @@
 // bits, so a late worker can never claim an item of a later job with the previous job's
 // function.
 //
+// A worker woken from its sleep is steered off the caller's CPU. On a lightly loaded machine the
+// scheduler may queue a woken thread on the waker's CPU (wake-affine placement; the 2-vCPU VM of
+// 2026-12-02 packs tasks onto busy vCPUs) and move it only at a later balance: measured there, a
+// worker woken after a 10 ms idle stretch first ran 0.9 ms after the job was published, on the
+// other CPU, so a 0.65 ms M = 1 call took 1.5-1.7 ms (one thread alone: 1.22). So before the
+// wake-up the caller narrows each sleeping worker's CPU mask to its usual mask minus the CPU the
+// caller runs on (when that leaves a CPU), and the worker restores its mask when its part of the
+// job is done (the same call: 1.05-1.09 ms). A polling worker is running on a CPU of its own
+// already and is left alone. W4K_QUEUE_STEER=0 turns this off. Linux only.
+//
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
 #pragma once
@@ -57,11 +67,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include <strings.h>  // strcasecmp
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -76,6 +92,7 @@ class WorkQueue {
     int64_t openmp_jobs = 0;       // on torch's OpenMP team
     int64_t own_jobs = 0;          // on our own workers
     int64_t late_openmp_jobs = 0;  // OpenMP jobs whose caller waited for a late team thread
+    int64_t steered_wakes = 0;     // sleeping workers woken with the caller's CPU masked off
   };
   Stats stats() {
     std::lock_guard<std::mutex> job(job_mutex_);
@@ -107,8 +124,14 @@ class WorkQueue {
     uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      while (static_cast<int>(workers_.size()) < threads - 1)
-        workers_.emplace_back([this, index = static_cast<int>(workers_.size())] { worker(index); });
+      while (static_cast<int>(workers_.size()) < threads - 1) {
+        workers_.push_back(std::make_unique<Worker>());
+        Worker* w = workers_.back().get();
+        w->thread = std::thread([this, w, index = static_cast<int>(workers_.size()) - 1] {
+          worker(*w, index);
+        });
+      }
+      stats_.steered_wakes += steer_sleeping_workers(threads - 1);
       gen = ++generation_;
       published_at_ns_.store(now_ns(), std::memory_order_relaxed);
       published_.store(gen, std::memory_order_release);
@@ -134,6 +157,41 @@ class WorkQueue {
 
  private:
   WorkQueue() = default;
+
+  struct Worker {
+    std::thread thread;
+    std::atomic<bool> asleep{false};   // waiting on wake_ (set just before, cleared after)
+    std::atomic<bool> steered{false};  // its CPU mask was narrowed for the current job
+#if defined(__linux__)
+    cpu_set_t usual;                   // its CPU mask as created (set before it first sleeps)
+#endif
+  };
+
+  // Narrows the mask of each of the first `count` workers that sleeps to its usual mask minus
+  // the caller's CPU (see the header comment); returns how many. Called with mutex_ held.
+  int steer_sleeping_workers(int count) {
+    int steered = 0;
+#if defined(__linux__)
+    if (!steer_) return 0;
+    const int caller_cpu = sched_getcpu();
+    if (caller_cpu < 0 || caller_cpu >= CPU_SETSIZE) return 0;
+    for (int i = 0; i < count; ++i) {
+      Worker& w = *workers_[i];
+      if (!w.asleep.load(std::memory_order_acquire) || w.steered.load(std::memory_order_relaxed))
+        continue;
+      cpu_set_t mask = w.usual;
+      if (!CPU_ISSET(caller_cpu, &mask)) continue;
+      CPU_CLR(caller_cpu, &mask);
+      if (CPU_COUNT(&mask) == 0) continue;
+      if (pthread_setaffinity_np(w.thread.native_handle(), sizeof(mask), &mask) != 0) continue;
+      w.steered.store(true, std::memory_order_release);
+      ++steered;
+    }
+#else
+    (void)count;
+#endif
+    return steered;
+  }
 
   // A wait at OpenMP's end barrier longer than this (and than twice the caller's longest item)
   // means a team thread was late; then this many jobs run on our own workers.
@@ -226,7 +284,11 @@ class WorkQueue {
         .count();
   }
 
-  void worker(int index) {
+  void worker(Worker& self, int index) {
+#if defined(__linux__)
+    if (pthread_getaffinity_np(pthread_self(), sizeof(self.usual), &self.usual) != 0)
+      CPU_ZERO(&self.usual);  // (an empty usual mask: never steered)
+#endif
     uint64_t seen = 0;
     int quiet_jobs_left = 0;  // jobs to go before this worker polls again
     const int64_t spin_ns = spin_ns_;
@@ -254,7 +316,9 @@ class WorkQueue {
       }
       {
         std::unique_lock<std::mutex> lock(mutex_);
+        self.asleep.store(true, std::memory_order_release);
         wake_.wait(lock, [&] { return generation_ != seen && index < active_workers_; });
+        self.asleep.store(false, std::memory_order_relaxed);
         seen = gen = generation_;
         num_items = num_items_;
         fn = fn_;
@@ -266,6 +330,12 @@ class WorkQueue {
       else if (quiet_jobs_left > 0)
         --quiet_jobs_left;
       claim_items(gen, num_items, *fn);
+#if defined(__linux__)
+      if (self.steered.load(std::memory_order_acquire)) {
+        pthread_setaffinity_np(pthread_self(), sizeof(self.usual), &self.usual);
+        self.steered.store(false, std::memory_order_release);
+      }
+#endif
     }
   }
 
@@ -275,7 +345,7 @@ class WorkQueue {
   std::mutex job_mutex_;               // one job at a time
   std::mutex mutex_;                   // guards the job description below and workers_
   std::condition_variable wake_;
-  std::vector<std::thread> workers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t generation_ = 0;
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t num_items_ = 0;
@@ -288,6 +358,10 @@ class WorkQueue {
   // not scheduled: a loaded machine) does not poll after the next kNoPollJobs jobs.
   static constexpr int64_t kSlowStartNs = 500 * 1000;
   static constexpr int kNoPollJobs = 256;
+  const bool steer_ = [] {  // W4K_QUEUE_STEER=0: no steering of woken workers
+    const char* env = std::getenv("W4K_QUEUE_STEER");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
   // How long an idle worker polls for the next job before it sleeps (W4K_QUEUE_SPIN_US).
   const int64_t spin_ns_ = [] {
     const char* env = std::getenv("W4K_QUEUE_SPIN_US");

@@ -536,10 +536,13 @@ def cpu_thread_stats() -> dict:
     ``openmp``: jobs run on torch's OpenMP team; ``own``: on the library's own workers;
     ``late_openmp``: OpenMP jobs whose calling thread waited at the region's end for a team
     thread that started late or was preempted (each sends the next 32 jobs or more to the own
-    workers). ``W4K_QUEUE=auto|omp|own`` chooses (default auto; README "Threads").
+    workers); ``steered_wakes``: own workers woken from their sleep with the calling thread's CPU
+    taken out of their CPU mask for that job (so the scheduler cannot queue them behind the
+    caller; ``W4K_QUEUE_STEER=0`` turns it off). ``W4K_QUEUE=auto|omp|own`` chooses (default
+    auto; README "Threads").
     """
-    openmp, own, late = torch.ops.w4kernels.cpu_thread_stats()
-    return {"openmp": openmp, "own": own, "late_openmp": late}
+    openmp, own, late, steered = torch.ops.w4kernels.cpu_thread_stats()
+    return {"openmp": openmp, "own": own, "late_openmp": late, "steered_wakes": steered}
 
 
 def kleidiai_isa(isa: str = "auto") -> str:
