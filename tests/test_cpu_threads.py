@@ -211,3 +211,21 @@ def test_woken_worker_is_steered_off_the_callers_cpu(steer):
     steered = int(lines[lines.index("STEERED") + 1])
     # Every one of the 4 calls runs its jobs with the worker asleep at the first one.
     assert (steered >= 4) if steer == "default" else (steered == 0), res.stdout
+
+
+@pytest.mark.parametrize("mode", ["own", "omp"])
+def test_an_item_that_throws_fails_the_job_with_its_message(monkeypatch, two_threads, mode):
+    """The KleidiAI activation quantizer checks its rows per piece, on whichever thread runs the
+    piece: a bad row in the last piece fails the call with the check's message (rethrown on the
+    caller, the other pieces finished or skipped), and the queue runs the next job normally."""
+    monkeypatch.setenv("W4K_QUEUE", mode)
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(300, 64, generator=gen)  # 300 rows: pieces of >= 256 rows -> 2 pieces
+    expected = ops.lhs_quant_pack_qai8dxp_f32(x)
+    bad = x.clone()
+    bad[290, 7] = float("nan")
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match=r"lhs_quant_pack_qai8dxp_f32: lhs must hold "
+                                               r"finite values .* got lhs\[290, 7\] = nan"):
+            ops.lhs_quant_pack_qai8dxp_f32(bad)
+        assert golden.same_bits(ops.lhs_quant_pack_qai8dxp_f32(x), expected)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cpu/w4a16_gemm_work_queue.h"
 #include "kleidiai_checks.h"
 
 namespace w4k {
@@ -17,6 +18,22 @@ namespace {
 using kai::Isa;
 
 void check_sizes(const char* op, int64_t n, int64_t k) { check_kai_sizes(op, n, k); }
+
+// fn(begin, end) over [0, n) in contiguous pieces of >= grain indices, `per_thread` pieces per
+// thread at most, on the CPU GEMMs' work queue (cpu/w4a16_gemm_work_queue.h), as the Marlin and
+// AWQ GEMMs run: a thread that is late or preempted holds up only the piece it claimed, and a
+// sleeping worker is woken off the caller's CPU. (at::parallel_for's region waits at its end
+// for every team thread, started or not.)
+template <class F>
+void parallel_pieces(int64_t n, int64_t grain, int64_t per_thread, const F& fn) {
+  if (n <= 0) return;
+  const int threads = at::get_num_threads();
+  const int64_t pieces =
+      std::max<int64_t>(1, std::min((n + grain - 1) / grain, threads * per_thread));
+  cpu::WorkQueue::instance().run(pieces, threads, [&](int64_t i) {
+    fn(i * n / pieces, (i + 1) * n / pieces);
+  });
+}
 
 // ---- sizes ------------------------------------------------------------------------------
 
@@ -102,7 +119,7 @@ void quant_pack_lhs_into(const char* op, const char* name, const at::Tensor& lhs
   // (they would not overlap anyway; this keeps each task's writes contiguous).
   const int64_t groups = kai::roundup(m, mr) / mr;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, mr * k));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+  parallel_pieces(groups, grain, 4, [&](int64_t g0, int64_t g1) {
     check_finite_rows(op, name, lhs2d, g0 * mr, std::min(m, g1 * mr));
     kai::lhs_quant_pack_qai8dxp(g0 * mr, std::min(m, g1 * mr), k, mr, kr, sr, x, stride, out);
   });
@@ -126,14 +143,15 @@ void run_matmul(const char* op, const char* rhs_name, Isa isa, const kai::Matmul
   const int64_t nkb = kai::num_kblocks(a);
   at::Tensor sums = at::empty({std::max<int64_t>(a.m, 1) * nkb}, at::kInt);
   a.lhs_sums = sums.data_ptr<int32_t>();
-  at::parallel_for(0, a.m, std::max<int64_t>(1, 8192 / a.k), [&](int64_t b, int64_t e) {
+  parallel_pieces(a.m, std::max<int64_t>(1, 8192 / a.k), 4, [&](int64_t b, int64_t e) {
     kai::lhs_block_sums(a, b, e, sums.data_ptr<int32_t>());
   });
-  // Work items: (64-row M chunk, nr-block), nr-blocks fastest; each thread gets a contiguous
-  // range, so at M <= 64 threads split N and every weight byte is read once.
+  // Work items: (64-row M chunk, nr-block), nr-blocks fastest, in 4 contiguous pieces per
+  // thread (so at M <= 64 threads split N and every weight byte is read once; 4 pieces rather
+  // than 1: 1.0-1.1x back to back, and a thread slowed by other processes holds up less).
   const int64_t num_nb = kai::roundup(a.n, a.nr) / a.nr;
   const int64_t num_mc = (a.m + 63) / 64;
-  at::parallel_for(0, num_mc * num_nb, 1, [&](int64_t b, int64_t e) {
+  parallel_pieces(num_mc * num_nb, 1, 4, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e;) {
       const int64_t mc = i / num_nb, nb0 = i % num_nb;
       const int64_t nb1 = std::min(num_nb, nb0 + (e - i));

@@ -53,6 +53,10 @@
 // job is done (the same call: 1.05-1.09 ms). A polling worker is running on a CPU of its own
 // already and is left alone. W4K_QUEUE_STEER=0 turns this off. Linux only.
 //
+// An item that throws (a check on the values it reads) fails the job: the items not yet started
+// are skipped, and run() rethrows the first exception on the caller once every claimed item has
+// finished (as at::parallel_for does).
+//
 // Results do not depend on which thread runs an item (each item writes its own outputs, in a
 // fixed order), so thread counts and the two ways give the same bits.
 #pragma once
@@ -64,6 +68,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -138,6 +143,8 @@ class WorkQueue {
       fn_ = &fn;
       num_items_ = num_items;
       active_workers_ = threads - 1;
+      error_ = nullptr;
+      failed_.store(false, std::memory_order_relaxed);
       done_.store(0, std::memory_order_relaxed);
       next_.store(gen << 32, std::memory_order_release);
     }
@@ -152,6 +159,15 @@ class WorkQueue {
       } else {
         std::this_thread::yield();
       }
+    }
+    if (failed_.load(std::memory_order_acquire)) {
+      std::exception_ptr error;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        error = error_;
+        error_ = nullptr;
+      }
+      std::rethrow_exception(error);
     }
   }
 
@@ -273,7 +289,15 @@ class WorkQueue {
       if ((cur >> 32) != (gen & 0xffffffffu) || static_cast<int64_t>(cur & 0xffffffffu) >= num_items)
         return;
       if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
-      fn(static_cast<int64_t>(cur & 0xffffffffu));
+      if (!failed_.load(std::memory_order_acquire)) {
+        try {
+          fn(static_cast<int64_t>(cur & 0xffffffffu));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (!failed_.load(std::memory_order_relaxed)) error_ = std::current_exception();
+          failed_.store(true, std::memory_order_release);
+        }
+      }
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -352,6 +376,8 @@ class WorkQueue {
   int active_workers_ = 0;
   std::atomic<uint64_t> next_{0};      // (generation << 32) | next unclaimed item
   std::atomic<int64_t> done_{0};       // items finished in the current job
+  std::atomic<bool> failed_{false};    // an item of the current job threw
+  std::exception_ptr error_;           // the first exception it threw (guarded by mutex_)
   std::atomic<uint64_t> published_{0};  // generation_, readable without the mutex
   std::atomic<int64_t> published_at_ns_{0};  // when the current job was published
   // A polling worker that starts a job more than kSlowStartNs after it was published (it was
