@@ -588,6 +588,14 @@ def main(argv=None):
                 print(f"{name} on {n}x{k}: skipped ({type(e).__name__}: {str(e)[:160]})")
         xs = {m: {kind: activation(kind, m, k, gen) for kind in {METHODS[s][1] for s in built}}
               for m in ms}
+        # Every copy of every method called once before any timing: the copies built first
+        # have lain untouched while the others were built, and on the VM of 2026-12-02 their
+        # first calls after that were 2-5x slow (w4a16 gptq 4096 x 4096 M = 1: 2.5-4.2 ms in
+        # the timed repeats against 0.8 ms with this pass; not seen when one method's copies
+        # are built and called at once: presumably the host reclaiming cold guest memory).
+        for name, (wb, c, fn) in built.items():
+            for i in range(c):
+                fn(xs[ms[0]][METHODS[name][1]], i)
         for phase in ["quiet"] + (["loaded"] if args.background_load else []):
             ctx = BackgroundLoad(args.background_load) if phase == "loaded" else None
             if ctx:

@@ -127,7 +127,10 @@ def _run_fresh(script, extra_env):
     assert out.returncode == 0, out.stderr[-3000:]
     if out.stdout.strip() == "SKIP":
         pytest.skip("torch runs one thread here, so every job runs inline on the caller")
+    if out.stdout.strip() == "SKIP-CPUS":
+        pytest.skip("this process may run on one CPU only, so there is no other CPU to steer to")
     assert out.stdout.strip().endswith("OK"), out.stdout
+    return out.stdout
 
 
 def test_auto_uses_own_workers_under_passive_openmp():
@@ -198,16 +201,7 @@ def test_woken_worker_is_steered_off_the_callers_cpu(steer):
     env = {"W4K_QUEUE_SPIN_US": "0"}
     if steer == "0":
         env["W4K_QUEUE_STEER"] = "0"
-    all_env = {k: v for k, v in os.environ.items()
-               if not k.startswith("W4K_QUEUE") and k != "OMP_WAIT_POLICY"}
-    all_env.update(env)
-    res = subprocess.run([sys.executable, "-c", _STEER_SCRIPT], capture_output=True, text=True,
-                         env=all_env, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    if res.stdout.strip() in ("SKIP", "SKIP-CPUS"):
-        pytest.skip("this process may run on one CPU only, so there is no other CPU to steer to")
-    lines = res.stdout.split()
-    assert lines[-1] == "OK", res.stdout
+    lines = _run_fresh(_STEER_SCRIPT, env).split()
     steered = int(lines[lines.index("STEERED") + 1])
     # Every one of the 4 calls runs its jobs with the worker asleep at the first one.
     assert (steered >= 4) if steer == "default" else (steered == 0), res.stdout
