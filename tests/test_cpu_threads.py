@@ -201,10 +201,11 @@ def test_woken_worker_is_steered_off_the_callers_cpu(steer):
     env = {"W4K_QUEUE_SPIN_US": "0"}
     if steer == "0":
         env["W4K_QUEUE_STEER"] = "0"
-    lines = _run_fresh(_STEER_SCRIPT, env).split()
+    stdout = _run_fresh(_STEER_SCRIPT, env)
+    lines = stdout.split()
     steered = int(lines[lines.index("STEERED") + 1])
     # Every one of the 4 calls runs its jobs with the worker asleep at the first one.
-    assert (steered >= 4) if steer == "default" else (steered == 0), res.stdout
+    assert (steered >= 4) if steer == "default" else (steered == 0), stdout
 
 
 @pytest.mark.parametrize("mode", ["own", "omp"])

@@ -50,7 +50,7 @@
 // other CPU, so a 0.65 ms M = 1 call took 1.5-1.7 ms (one thread alone: 1.22). So before the
 // wake-up the caller narrows each sleeping worker's CPU mask to its usual mask minus the CPU the
 // caller runs on (when that leaves a CPU), and the worker restores its mask when its part of the
-// job is done (the same call: 1.05-1.09 ms). A polling worker is running on a CPU of its own
+// job is done (the same call: 1.00-1.06 ms). A polling worker is running on a CPU of its own
 // already and is left alone. W4K_QUEUE_STEER=0 turns this off. Linux only.
 //
 // An item that throws (a check on the values it reads) fails the job: the items not yet started
