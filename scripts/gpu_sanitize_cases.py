@@ -210,6 +210,10 @@ def case_list(c: Cases):
     # not copied, activations and second scales/qzeros row zero-filled), in the last of 3 splits.
     cases.append(("awq_gemm bf16 M=1 K=608 N=256 g32 split_k=3",
                   lambda: c.awq_gemm(1, 608, 256, 32, bf16, 3)))
+    # Groups of 160 (odd multiple of 32): the same 64-row k-tiles, each 32-row half's scales /
+    # qzeros row counted on its own (a group ends inside a k-tile), K = 480 ends in a 32-row tile.
+    cases.append(("awq_gemm fp16 M=5 K=480 N=256 g160 split_k=4",
+                  lambda: c.awq_gemm(5, 480, 256, 160, f16, 4)))
     # M picks the tile height: 16 rows (M=1), 32 (M=17), 48 (M=33), 64 (M=64), two row tiles (65).
     for m, dt in ((1, f16), (17, bf16), (33, f16), (64, f16), (65, bf16)):
         cases.append((f"w4a16_gemm {DTYPE_NAME[dt]} M={m} K=256 N=128 per-channel",

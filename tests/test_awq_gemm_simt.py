@@ -11,8 +11,8 @@ parametrization on 'simt' too, with split_k_iters = 8).
   tile, so the result must not depend on the split count by more than the error bound.
 * Exactness: x = I gives out = the dequantized weight bit for bit (one product per output).
 * Configurations: M on both sides of every per-M tile (16 / 32 / 64 rows), every group path
-  (k-tiles of 128, 64, 32 rows, groups of 32 in 64-row k-tiles with a last k-tile of 32 rows
-  when K % 64 == 32, the general per-row path),
+  (k-tiles of 128 and 64 rows, groups of 32 and of 96, 160 in 64-row k-tiles with a last
+  k-tile of 32 rows when K % 64 == 32, the general per-row path on 32-row k-tiles),
   N = 64 x odd (partial 256- and 128-column tiles), large K with many splits.
 * Schedules: every split path gives the same bits under the forward, reverse and shuffle thread
   orders and with 1 or 4 concurrently running blocks (the last-arriving split, not a fixed one,
@@ -125,6 +125,16 @@ def test_every_config(dtype, size_m, group_size):
     _check(*_case(size_m, 256, 192, group_size, dtype, seed=size_m + group_size), 2)
 
 
+@pytest.mark.parametrize("size_k,group_size,split", [(384, 96, 3), (480, 160, 4)])
+@pytest.mark.parametrize("size_m", M_ALL_CONFIGS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_long_groups_every_config(dtype, size_m, size_k, group_size, split):
+    """Groups of 96 and 160 (odd multiples of 32) on 64-row k-tiles: each 32-row half of a stage
+    counts its own group, so a group ends in the middle of a k-tile every 3 or 5 halves; K = 480
+    ends in a 32-row k-tile."""
+    _check(*_case(size_m, size_k, 192, group_size, dtype, seed=size_m + group_size), split)
+
+
 @pytest.mark.parametrize("split", range(1, 9))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_large_k_many_splits(dtype, split):
@@ -145,6 +155,9 @@ SPLIT_PATHS = [
     # fetched by the prologue, by the tail after the steady-state loop, in one of 3 / 9 splits)
     (1, 32, 64, 32, 1), (5, 96, 64, 32, 2), (17, 672, 192, 32, 1), (40, 608, 128, 32, 3),
     (3, 1056, 320, 32, 16),
+    # groups of 96, 160 (64-row k-tiles, one counted scales/qzeros row per 32-row half): splits
+    # starting inside a group and inside a half's group, K % 64 == 32, every M tile
+    (3, 288, 64, 96, 2), (5, 480, 128, 160, 4), (20, 480, 256, 160, 1), (40, 672, 128, 96, 3),
 ]
 
 

@@ -30,12 +30,13 @@
 // lane: 4 LDS, 8 prmt (bf16: + 8 shifts), 16 lop3, 32 half2 ops, for 8 HMMAs at one m16 tile
 // (7.6 per HMMA); with kMTiles = 2 each B fragment feeds two HMMAs.
 //
-// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel, or groups of 32 in 64-row
-// tiles): each kGroupK rows of a k-tile lie in one group; every stage carries their scales / qzeros
-// rows (the copy side advances the source at group ends, tracked by a running count: no division in
-// the loop; by two rows every k-tile for groups of 32), and the lane loads its zero word and 8
-// scales from the stage at each k-tile (each group) into 4 + 4 pairs (TileConsts: 9 instructions),
-// from which the decode picks halves with operand selectors. Otherwise (any other group size, down
+// Groups. kGroupPerTile (group_size % kTileK == 0, incl. per-channel, or odd multiples of 32 in
+// 64-row tiles): each kGroupK rows of a k-tile lie in one group; every stage carries their scales /
+// qzeros rows (the copy side advances the source at group ends, tracked by a running count per
+// group row of the stage: no division in the loop; by two rows every k-tile for groups of 32), and
+// the lane loads its zero word and 8 scales from the stage at each k-tile (each group) into 4 + 4
+// pairs (TileConsts: 9 instructions), from which the decode picks halves with operand selectors.
+// Otherwise (any other group size, down
 // to 1, and K not a multiple of the k-tile): the general path stores each k-tile row's group index
 // in shared memory (computed incrementally per k-tile) and reads the two rows' zeros and scales per
 // row pair from global memory (slow, rare path).
@@ -55,7 +56,7 @@
 //            two HMMAs, which halves the dequant cost per HMMA.
 //   M >  32: 2 x 16 rows per warp, 2 x 2 warps: 64 x 128; more M tiles re-dequantize the weight
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
-// kTileK = 128 / 64 / 32, the largest that divides group_size, and 64 for groups of 32 (two
+// kTileK = 128 or 64, the largest that divides group_size, and 64 for odd multiples of 32 (two
 // scales/qzeros rows per stage, kGroupK = 32; a last tile of 32 rows when K % 64 == 32, see
 // Config::kHalfLast): the barrier, waits, copies,
 // loop tests and group constants are paid per k-tile (or per group), and at one m16 tile the
@@ -85,9 +86,11 @@ constexpr int64_t kMaxScratchBytes = int64_t{4} << 20;
 template <int kMTiles_,  // m16 tiles per warp (a B fragment feeds kMTiles HMMAs)
           int kWarpsM_,  // warps along M; the other 4 / kWarpsM_ warps split N
           int kTileK_,   // k rows per pipeline stage (32, 64 or 128)
-          int kGroupK_>  // per-tile path: each kGroupK rows of a stage lie in one group and the
-                         // stage carries their scales / qzeros row (kTileK, or 32 = group_size in
-                         // 64-row tiles); 0: the general path
+          int kGroupK_,  // per-tile path: each kGroupK rows of a stage lie in one group and the
+                         // stage carries their scales / qzeros row (kTileK, or 32 in 64-row
+                         // tiles); 0: the general path
+          bool kLongGroups_ = false>  // kGroupK 32: groups of 96, 160, ... (odd multiples of
+                                      // 32 above 32), the rows' groups counted; else group 32
 struct Config {
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpsM = kWarpsM_;
@@ -95,6 +98,7 @@ struct Config {
   static constexpr int kTileK = kTileK_;
   static constexpr int kGroupK = kGroupK_;
   static constexpr bool kGroupPerTile = kGroupK > 0;
+  static constexpr bool kLongGroups = kLongGroups_;
   static constexpr int kGroupRows = kGroupPerTile ? kTileK / kGroupK : 0;  // per stage
   static constexpr int kGroupSteps = kGroupPerTile ? kGroupK / 16 : 1;  // k16 steps per group row
   // Groups of 32 in 64-row k-tiles: when K % 64 == 32 the split that ends at K fetches a last
@@ -111,11 +115,11 @@ struct Config {
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
   // Blocks per SM that ptxas builds for (__launch_bounds__; 0: none given, ptxas chooses).
   // M <= 16: 4, as many as the shared memory of 64-row k-tiles allows on an H100 (at most 128
-  // registers), 5 with 32-row k-tiles (groups of 96, 160, ...: 96). Without it ptxas for sm_90
+  // registers). Without it ptxas for sm_90
   // squeezes the 64-row kernels into 80 registers by recomputing the lane's shared addresses
   // from threadIdx every k-tile (+0.5 instructions per HMMA), and spills the general path for
   // sm_80.
-  static constexpr int kMinBlocks = kMTiles > 1 ? 0 : kGroupK == 32 && kTileK == 32 ? 5 : 4;
+  static constexpr int kMinBlocks = kMTiles > 1 ? 0 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
   // scales [kGroupRows][kTileN] and qzeros [kGroupRows][kWordsN] of the stage's groups
@@ -168,6 +172,7 @@ struct Config {
                 "one scales/zeros chunk per thread");
   static_assert(!kGroupPerTile || (kGroupK % 16 == 0 && kGroupRows * kGroupK == kTileK),
                 "whole k16 steps");
+  static_assert(!kLongGroups || (kGroupK == 32 && kTileK == 64), "long groups: 32-row halves");
   static_assert(kStageBytes % 16 == 0 && kAOffset % 16 == 0 && kSOffset % 16 == 0 &&
                     kZOffset % 16 == 0 && kGOffset % 16 == 0,
                 "16-byte aligned stage parts");
@@ -381,7 +386,9 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
   // the stage (rows [r kGroupK, (r + 1) kGroupK) of the tile), threads r * kSZChunks + [0,
   // kSChunks) copy the 8 scales of word column n_word0 + chunk, the next kZChunks threads 4
   // qzeros words; one pointer each, advanced when a group ends (kGroupRows == 1) or by
-  // kGroupRows rows every k-tile (group_size == kGroupK). Every stage carries its groups' rows
+  // kGroupRows rows every k-tile (group_size == kGroupK), or, with kLongGroups, each pointer when
+  // its own row's group ends (a group of 96, 160, ... rows holds 3, 5, ... halves of 32 rows, and
+  // a k-tile's 64 rows cross at most one group end). Every stage carries its groups' rows
   // (at most 5% of the weight bytes, as many as a new group per k-tile costs anyway), so the
   // compute side rebuilds its constants from the stage with no group bookkeeping of its own.
   constexpr int kSZChunks = C::kSChunks + C::kZChunks;
@@ -392,9 +399,10 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
   const bool sz_copier = tid < C::kGroupRows * kSZChunks;
   const int sz_chunk = s_copier ? tid % kSZChunks : tid % kSZChunks - C::kSChunks;
   const int64_t g_first = (k_begin + C::kGroupK * sz_row) / p.group_size;  // once per block
-  // Rows of the current group not yet fetched (a multiple of kTileK on the per-tile path with
-  // kGroupRows == 1).
-  int fetch_group_left = static_cast<int>((g_first + 1) * p.group_size - k_begin);
+  // Rows of the copier's current group not yet fetched, from its group row on (a multiple of
+  // kTileK on the per-tile path with kGroupRows == 1, of 32 with kLongGroups).
+  int fetch_group_left =
+      static_cast<int>((g_first + 1) * p.group_size - k_begin - C::kGroupK * sz_row);
   const char* sz_gl_rd =
       s_copier ? reinterpret_cast<const char*>(scales + g_first * p.size_n +
                                                min(8 * (n_word0 + sz_chunk), p.size_n - 8))
@@ -466,7 +474,13 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
           ptx::cp_async16_cg_zfill_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd,
                                         !half || sz_row == 0, policy);
         }
-        if (C::kGroupRows > 1) {
+        if (C::kLongGroups) {
+          fetch_group_left -= C::kTileK;
+          if (fetch_group_left <= 0) {
+            fetch_group_left += group_size;
+            sz_gl_rd += sz_gl_rd_delta_g;
+          }
+        } else if (C::kGroupRows > 1) {
           sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
         } else {
           fetch_group_left -= C::kTileK;
@@ -687,12 +701,13 @@ struct AwqGemmPlan {
 inline AwqGemmPlan awq_gemm_plan(int64_t size_m, int64_t size_n, int64_t size_k, int64_t group_size,
                                  int64_t split_k_iters) {
   AwqGemmPlan pl;
-  // The largest k-tile whose rows split into whole groups; groups of 32 take 64-row tiles with
-  // two scales/qzeros rows per stage, also when K % 64 == 32 (a last tile of 32 rows: half the
-  // per-k-tile overhead of 32-row tiles, which odd multiples of 32 above 32 keep).
+  // The largest k-tile whose rows split into whole groups; odd multiples of 32 (groups of 32,
+  // 96, 160, ...) take 64-row tiles with two scales/qzeros rows per stage, one per 32-row half,
+  // also when K % 64 == 32 (a last tile of 32 rows): half the per-k-tile overhead of 32-row
+  // tiles.
   if (group_size % 32 == 0) {
-    pl.tile_k = group_size % 128 == 0 ? 128 : group_size % 64 == 0 || group_size == 32 ? 64 : 32;
-    pl.group_k = group_size == 32 ? 32 : pl.tile_k;
+    pl.tile_k = group_size % 128 == 0 ? 128 : 64;
+    pl.group_k = group_size % 64 == 0 ? pl.tile_k : 32;
   }
   pl.config = size_m <= 16 ? 0 : size_m <= 32 ? 1 : 2;
   pl.tile_m = pl.config == 0 ? 16 : pl.config == 1 ? 32 : 64;
@@ -734,15 +749,15 @@ cudaError_t launch_config(const GemmParams& p, const AwqGemmPlan& pl, cudaStream
   return cudaGetLastError();
 }
 
-template <typename T, int kTileK, int kGroupK>
+template <typename T, int kTileK, int kGroupK, bool kLongGroups = false>
 cudaError_t launch_tile_k(const GemmParams& p, const AwqGemmPlan& pl, cudaStream_t stream) {
   switch (pl.config) {
     case 0:
-      return launch_config<T, Config<1, 1, kTileK, kGroupK>>(p, pl, stream);
+      return launch_config<T, Config<1, 1, kTileK, kGroupK, kLongGroups>>(p, pl, stream);
     case 1:
-      return launch_config<T, Config<2, 1, kTileK, kGroupK>>(p, pl, stream);
+      return launch_config<T, Config<2, 1, kTileK, kGroupK, kLongGroups>>(p, pl, stream);
     default:
-      return launch_config<T, Config<2, 2, kTileK, kGroupK>>(p, pl, stream);
+      return launch_config<T, Config<2, 2, kTileK, kGroupK, kLongGroups>>(p, pl, stream);
   }
 }
 
@@ -775,8 +790,9 @@ cudaError_t launch_awq_gemm(const T* x, int64_t ldx, const uint32_t* qweight, in
   if (plan.tile_k == 128) return awq::launch_tile_k<T, 128, 128>(p, plan, stream);
   if (plan.tile_k == 64 && plan.group_k == 64)
     return awq::launch_tile_k<T, 64, 64>(p, plan, stream);
-  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, 32>(p, plan, stream);
-  if (plan.group_k == 32) return awq::launch_tile_k<T, 32, 32>(p, plan, stream);
+  if (plan.tile_k == 64 && group_size == 32)
+    return awq::launch_tile_k<T, 64, 32>(p, plan, stream);
+  if (plan.tile_k == 64) return awq::launch_tile_k<T, 64, 32, true>(p, plan, stream);
   return awq::launch_tile_k<T, 32, 0>(p, plan, stream);
 }
 
