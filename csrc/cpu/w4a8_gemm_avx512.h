@@ -379,7 +379,7 @@ template <int R, int kParts, int kPairs, int kPart>
 W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
     const int32_t* words, int64_t ldq, int64_t nq, bool pf, int64_t ahead_words,
     const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
-    const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
+    const float* sw2, const int32_t* z2, float* c, int64_t ldc, int32_t* copy) {
   constexpr int kZ = 8 / kParts, kE = kZ * kPairs;
   static_assert(R * kE <= 16, "accumulators");
   const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8(static_cast<char>(0xf0));
@@ -421,6 +421,13 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
     const int32_t* wp = words + 16 * pr;                                                        \
     const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);              \
     const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq); \
+    if constexpr (kParts > 1 && kPart == 0) {                                                   \
+      int32_t* cp = copy + 64 * kPairs * q + 16 * pr;                                           \
+      _mm512_store_si512(cp, w0);                                                               \
+      _mm512_store_si512(cp + 16 * kPairs, w1);                                                 \
+      _mm512_store_si512(cp + 32 * kPairs, w2);                                                 \
+      _mm512_store_si512(cp + 48 * kPairs, w3);                                                 \
+    }                                                                                           \
     /* the part's u_i: 4 / kParts of them from kI0 */                                           \
     constexpr int s0 = kZ / 2 * pr, kI0 = kPart * 4 / kParts;                                   \
     W4K_A8_STEP(s0, (awq_pair_u<kI0>(w0, w1, w2, w3)))                                          \
@@ -447,8 +454,11 @@ constexpr int awq_pair_passes(int R, int kPairs) { return R == 1 ? 1 : (R <= 2 ?
 
 // AWQ, R = 1..4 rows: one block of kPairs chunk pairs (kPairs contiguous 64-byte lines of each
 // weight row) in awq_pair_passes(R, kPairs) passes, the first reading the block's lines from
-// L2 and prefetching the next block's (ahead) into L2 as it goes, the others reading them from
-// L1 (128 rows x 64 kPairs bytes). Two pairs where the item has them: with one line per row
+// L2, prefetching the next block's (ahead) into L2 as it goes and storing the lines it read
+// into `copy` (contiguous, 128 rows x 64 kPairs bytes), the others reading that copy from L1.
+// Read in place (weight rows N / 2 bytes apart: with N = 4096 a block's lines fall into 4 of
+// the 64 L1 sets, 256 lines for 48 ways) the later passes met L2: the copy made M = 2..4
+// 1.10-1.14x faster at N = 4096 (K = 4096, 11008), level at N = 11008. Two pairs where the item has them: with one line per row
 // per pass the same kernel ran 0.75-0.85x as fast at M = 2..4 (2 threads, rotated weights).
 // Spreading the prefetches over all the passes of a block, or fetching two blocks ahead, was no
 // faster (0.84-1.0x at M = 2..8).
@@ -462,10 +472,12 @@ W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_pairs_
     const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
   static_assert(R >= 1 && R <= 4 && (kPairs == 1 || kPairs == 2));
   constexpr int kParts = awq_pair_passes(R, kPairs);
-#define W4K_A8_PASS(part)                                                                   \
-  if constexpr (part < kParts)                                                              \
-    awq_pairs_pass<R, kParts, kPairs, part>(words, ldq, nq, ahead && part == 0, ahead_words, \
-                                            qa, lda_q, sa, sumqa, lds, sw2, z2, c, ldc);
+  alignas(64) int32_t copy[kParts > 1 ? 128 * 16 * kPairs : 16];
+#define W4K_A8_PASS(part)                                                                     \
+  if constexpr (part < kParts)                                                                \
+    awq_pairs_pass<R, kParts, kPairs, part>(part ? copy : words, part ? 16 * kPairs : ldq, nq, \
+                                            ahead && part == 0, ahead_words, qa, lda_q, sa,    \
+                                            sumqa, lds, sw2, z2, c, ldc, copy);
   W4K_A8_PASS(0) W4K_A8_PASS(1) W4K_A8_PASS(2) W4K_A8_PASS(3)
 #undef W4K_A8_PASS
 }
