@@ -36,10 +36,10 @@
 // group row of the stage: no division in the loop; by two rows every k-tile for groups of 32), and
 // the lane loads its zero word and 8 scales from the stage at each k-tile (each group) into 4 + 4
 // pairs (TileConsts: 9 instructions), from which the decode picks halves with operand selectors.
-// Otherwise (any other group size, down
-// to 1, and K not a multiple of the k-tile): the general path stores each k-tile row's group index
-// in shared memory (computed incrementally per k-tile) and reads the two rows' zeros and scales per
-// row pair from global memory (slow, rare path).
+// Otherwise (any other group size, down to 1, and K not a multiple of the k-tile): the general
+// path, on 32-row k-tiles, stores each k-tile row's group index in shared memory (computed
+// incrementally per k-tile) and reads the two rows' zeros and scales per row pair from global
+// memory (slow, rare path).
 //
 // Split-K, deterministic and bounded. blockIdx.z takes the contiguous k-tiles
 // [z * tiles_per_split, ...). With one split a block rounds and stores its tile. Otherwise each
@@ -58,10 +58,9 @@
 //            (vLLM switches to dequantize + matmul at 256 tokens; the bindings do too).
 // kTileK = 128 or 64, the largest that divides group_size, and 64 for odd multiples of 32 (two
 // scales/qzeros rows per stage, kGroupK = 32; a last tile of 32 rows when K % 64 == 32, see
-// Config::kHalfLast): the barrier, waits, copies,
-// loop tests and group constants are paid per k-tile (or per group), and at one m16 tile the
-// dequantization alone costs 7.6 instructions per HMMA, so the rest must be spread over as many
-// HMMAs as possible; 32 on the general path.
+// Config::kHalfLast): the barrier, waits, copies, loop tests and group constants are paid per
+// k-tile (or per group), and at one m16 tile the dequantization alone costs 7.6 instructions per
+// HMMA, so the rest must be spread over as many HMMAs as possible; 32 on the general path.
 // Limits: M >= 1, N % 8 == 0, 1 <= K < 2^31; N < 2^27 (32-bit copy strides, launch checks); x rows
 // 16-byte aligned with K % 8 == 0 or zero padding up to a multiple of 8 (the bindings copy x
 // otherwise); qweight / qzeros row strides multiples of 4 words, qweight's at least a tile's
