@@ -460,8 +460,9 @@ constexpr int awq_pair_passes(int R, int kPairs) { return R == 1 ? 1 : (R <= 2 ?
 // into `copy` (contiguous, 128 rows x 64 kPairs bytes), the others reading that copy from L1.
 // Read in place (weight rows N / 2 bytes apart: with N = 4096 a block's lines fall into 4 of
 // the 64 L1 sets, 256 lines for 48 ways) the later passes met L2: the copy made M = 2..4
-// 1.10-1.14x faster at N = 4096 (K = 4096, 11008), level at N = 11008. Two pairs where the item has them: with one line per row
-// per pass the same kernel ran 0.75-0.85x as fast at M = 2..4 (2 threads, rotated weights).
+// 1.10-1.14x faster at N = 4096 (K = 4096, 11008), level at N = 11008. Two pairs where the
+// item has them: with one line per row per pass the same kernel ran 0.75-0.85x as fast at
+// M = 2..4 (2 threads, rotated weights; 0.72-0.99x again with the copy).
 // Spreading the prefetches over all the passes of a block, or fetching two blocks ahead, was no
 // faster (0.84-1.0x at M = 2..8).
 // GCC 12's tree PRE kept a copy of some accumulators in zmm16-31 and moved them there and
@@ -474,6 +475,7 @@ W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_pairs_
     const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
   static_assert(R >= 1 && R <= 4 && (kPairs == 1 || kPairs == 2));
   constexpr int kParts = awq_pair_passes(R, kPairs);
+  // A block has at most 128 rows (a8_block_size).
   alignas(64) int32_t copy[kParts > 1 ? 128 * 16 * kPairs : 16];
 #define W4K_A8_PASS(part)                                                                     \
   if constexpr (part < kParts)                                                                \

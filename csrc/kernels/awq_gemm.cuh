@@ -473,18 +473,12 @@ __global__ void __launch_bounds__(kGemmThreads, C::kMinBlocks) awq_gemm_kernel(c
           ptx::cp_async16_cg_zfill_hint(sz_sh_wr + slot * C::kStageBytes, sz_gl_rd,
                                         !half || sz_row == 0, policy);
         }
-        if (C::kLongGroups) {
+        if (C::kGroupRows > 1 && !C::kLongGroups) {
+          sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
+        } else {  // at most one group end per k-tile (group_size >= kTileK)
           fetch_group_left -= C::kTileK;
           if (fetch_group_left <= 0) {
             fetch_group_left += group_size;
-            sz_gl_rd += sz_gl_rd_delta_g;
-          }
-        } else if (C::kGroupRows > 1) {
-          sz_gl_rd += C::kGroupRows * sz_gl_rd_delta_g;
-        } else {
-          fetch_group_left -= C::kTileK;
-          if (fetch_group_left == 0) {
-            fetch_group_left = group_size;
             sz_gl_rd += sz_gl_rd_delta_g;
           }
         }
