@@ -43,6 +43,11 @@ def test_bench_cpu_gemm_background_load_prints_slowdowns():
     assert "slowdown" in stdout
     assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] and line.rstrip().endswith("x")
                for line in stdout.splitlines()), stdout
+    # per M, ours' largest slowdown next to torch's, judged against torch's bf16 F.linear
+    verdicts = [line for line in stdout.splitlines() if line.strip().startswith("under load, M =")]
+    assert len(verdicts) == 2, stdout
+    assert all("(awq_gemm bf16)" in v and "torch bf16" in v and "than torch bf16)" in v
+               for v in verdicts), stdout
 
 
 def test_bench_cpu_gemm_isa_adds_capped_rows():

@@ -245,16 +245,23 @@ def _env_var(name, value):
             os.environ[name] = old
 
 
-def _awq_a8_pairs_ran(args):
-    """awq_gemm_a8's output, and whether the AWQ chunk pairs ran (their profiler event)."""
+SWEEPS_EVENT = "w4kernels::awq_gemm_a8[sweeps]"
+
+
+def _awq_a8_pairs_ran(args, event=PAIRS_EVENT):
+    """awq_gemm_a8's output, and whether the AWQ chunk pairs ran (their profiler event; or
+    `event`'s)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         out = ops.awq_gemm_a8(*args)
-    return out, any(e.name == PAIRS_EVENT for e in prof.events())
+    return out, any(e.name == event for e in prof.events())
 
 
-# (K, N, group, dtype): N = 11 chunks (2 threads or 1: items of 8 chunks, two groups of two
-# pairs, and of 3, a pair and a lone chunk), 5 blocks of 128; N = 5 chunks, 7 blocks of 64
-PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP)]
+# (K, N, group, dtype): N = 11 chunks (2 threads: items of 6 and 5 chunks, 3 pairs, and 2 pairs
+# and a lone chunk; more than 4 rows: items of 8 chunks, two groups of two pairs, and of 3),
+# 5 blocks of 128; N = 5 chunks, 7 blocks of 64; N = 69 chunks, 8 blocks of 32: at 1-4 rows the
+# sweeps' sub-strips of 64 / R pairs at most split the items (2 threads: 18 pairs, and 16 and a
+# lone chunk; 1 thread: 34 pairs and a lone chunk, 1-3 sub-strips).
+PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP), (256, 4416, 32, FP)]
 
 
 @pytest.mark.skipif(not {"avx512f", "avx512bw", "avx512_vnni", "avx512vbmi"} <= cpu_flags(),
@@ -263,18 +270,19 @@ PAIR_SHAPES = [(640, 704, 128, BF), (448, 320, 64, FP)]
 @pytest.mark.parametrize("shape", PAIR_SHAPES,
                          ids=[f"k{s[0]}-n{s[1]}-g{s[2]}" for s in PAIR_SHAPES])
 def test_awq_gemm_a8_unpack_pairs_m_sweep(shape):
-    """AWQ on AVX-512 decodes chunk pairs by byte unpacks (1-4 rows in registers, in 1-4 passes,
-    two pairs at a time where an item has four chunks; more rows: L1 panels of half pairs for
-    3-6-row register tiles, or from 10 rows for the AMX-INT8 tiles where the CPU has them). The
-    path ran (its profiler event), and the integer sums being exact, it gives
-    the bits of the vpermt2b decode (W4K_A8_AWQ_PAIRS=0) and of the portable loop, on 1 and 2
-    threads, and the reference's within the int8 mode's bound."""
+    """AWQ on AVX-512 decodes chunk pairs by byte unpacks (1-4 rows: one strip of the columns
+    per thread, read in sweeps of 8-16 rows, in sub-strips; more rows: L1 panels of half pairs
+    for 3-6-row register tiles, or from 10 rows for the AMX-INT8 tiles where the CPU has them).
+    The path ran (its profiler event; the sweeps' at 1-4 rows only), and the integer sums being
+    exact, it gives the bits of the vpermt2b decode (W4K_A8_AWQ_PAIRS=0) and of the portable
+    loop, on 1 and 2 threads, and the reference's within the int8 mode's bound."""
     k, n, g, dt = shape
     args, x, w, group = awq_case(23, k, n, g, dt, seed=k + n)
     for m in list(range(1, 11)) + [13, 16, 17, 23]:
         a = [args[0][:m]] + args[1:]
         out, ran = _awq_a8_pairs_ran(a)
         assert ran, m
+        assert _awq_a8_pairs_ran(a, SWEEPS_EVENT)[1] == (m <= 4), m
         with _env_var("W4K_A8_AWQ_PAIRS", "0"):
             old, ran_old = _awq_a8_pairs_ran(a)
         assert not ran_old and torch.equal(_bits(old), _bits(out)), m

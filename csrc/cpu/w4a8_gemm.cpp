@@ -94,6 +94,14 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // rows 4 (on the AMX-INT8 tiles 1.03-1.14x the speed of 2 at M = 24, level at 48-128; the
   // register tiles level).
   if (p.format == cpu::A8Format::kAwq) chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 4;
+#ifdef W4K_HAVE_A8_AVX512
+  // AWQ at 1-4 rows on the sweeps (cpu/w4a8_gemm_avx512.h, "whole strips"): one strip of the
+  // columns per thread, so that the threads read every weight row at once.
+  if (avx512 && cpu::awq_sweep_applies(p, size_m)) {
+    chunks_per_item = (num_chunks + threads - 1) / threads;
+    chunks_per_item += chunks_per_item % 2;
+  }
+#endif
   // Large M: keep an item's fp32 accumulators (rows x 64 x chunks floats) within ~256 KiB.
   while (chunks_per_item > 2 && size_m * 64 * chunks_per_item * 4 > (256 << 10))
     chunks_per_item -= 2;
@@ -129,6 +137,11 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
     // The AWQ chunk pairs (cpu/w4a8_gemm_avx512.h) give every path's bits: this event says
     // they ran (tests).
     RECORD_FUNCTION("w4kernels::awq_gemm_a8[unpack pairs]", std::vector<c10::IValue>());
+    if (cpu::awq_sweep_applies(p, size_m)) {  // and, at 1-4 rows, in sweeps
+      RECORD_FUNCTION("w4kernels::awq_gemm_a8[sweeps]", std::vector<c10::IValue>());
+      cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+      return out;
+    }
     cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
     return out;
   }

@@ -371,119 +371,110 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
                                              : _mm512_set1_epi32(8));
 }
 
-// One pass over a block: part kPart of kParts of kPairs chunk pairs (kPairs 64-byte lines of
-// each weight row; a part is the zmm 8 kPart / kParts .. 8 (kPart + 1) / kParts - 1 of each
-// pair's pair order), R rows, R x 8 kPairs / kParts accumulators; the fp32 sums c (pair order,
-// row stride ldc) take the pass's zmm. pf: that many lines of each row of the next block
-// (ahead_words on) into L2 as the quads go (0: none). kPart 0 of several stores the lines it
-// reads into copy (the later parts read them from there).
-template <int R, int kParts, int kPairs, int kPart>
-W4K_A8_TARGET inline __attribute__((always_inline)) void awq_pairs_pass(
-    const int32_t* words, int64_t ldq, int64_t nq, int pf, int64_t ahead_words,
-    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
-    const float* sw2, const int32_t* z2, float* c, int64_t ldc, int32_t* copy) {
-  constexpr int kZ = 8 / kParts, kE = kZ * kPairs;
-  static_assert(R * kE <= 16, "accumulators");
+// ---- AWQ, 1-4 rows: sweeps of whole strips ----
+//
+// Why. The chunk-pair kernel above walks each 128-byte piece of its item down the block's rows
+// (its accumulators stay in registers), so the memory sees, per weight row, runs of 128-256
+// bytes N / 2 bytes apart, visited once per item. On the AMX Xeon VM (2 threads, rotated
+// buffers) reading an AutoAWQ weight that way took 20-23 GB/s, while reading it in sweeps of 8
+// or 16 rows across a strip of every row, one strip per thread (the two strips covering each
+// row at the same time), took 27-31 GB/s (the probe: 29-31). So at M <= 4 an item is one
+// thread's strip of the columns, and each block is read in sweeps of kA8SweepQuads quads over
+// sub-strips of at most awq_sweep_pairs(R) chunk pairs, the int32 sums of the block kept in
+// memory (L1) between sweeps. The int32 sums of a block are exact whatever the order, and the
+// epilogue is the chunk-pair kernel's, per block in k order: every path's bits.
+// Quads per sweep (weight rows read across the sub-strip: 16 at one row of a, 8 above). Measured
+// (2 threads, rotated weights, 4096 x 4096 and 11008 x 4096, two rounds): 4 quads against 2
+// 1.01-1.05x at M = 1, 2 quads against 4 1.03-1.13x at M = 2..4; 8 quads 0.87-0.97x.
+constexpr int awq_sweep_quads_per_sweep(int R) { return R == 1 ? 4 : 2; }
+// Chunk pairs per sub-strip at R rows: the block's int32 sums (R x 512 bytes per pair) within
+// 24 KiB of L1.
+constexpr int64_t awq_sweep_pairs(int R) { return 64 / R; }
+
+// One sweep: kQ quads (rows 4 q0 .. of the block: words, qa at the sweep's first row) over
+// `npairs` chunk pairs (lines of 64 bytes), R rows of a; acc: the int32 sums of each pair in
+// pair order (8 code zmm of 16), [row r][pair][128], row stride acc_ld. Per half h of the byte
+// unpack (u_2h, u_2h+1: their low and high nibbles, 4 code zmm), the 4R sums are loaded, take
+// the kQ quads' products and are stored back: 8R loads and stores per pair per sweep.
+template <int R, int kQ>
+W4K_A8_TARGET inline __attribute__((always_inline)) void awq_sweep_quads(
+    const int32_t* words, int64_t ldq, int64_t npairs, const int8_t* qa, int64_t lda_q,
+    int32_t* acc, int64_t acc_ld, const int32_t* next, int64_t next_pairs) {
   const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8(static_cast<char>(0xf0));
-  // Accumulator f = kE r + z (row r, code zmm z): 16 named ones, the unused ones dropped (an
-  // array of them GCC copied between registers and stored on every iteration). Each u_i's two
-  // code zmm are used as soon as they are made, so that few are live at once.
-#define W4K_A8_ACC16(X) \
-  X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
-#define W4K_A8_DECL(f) __m512i x##f = _mm512_setzero_si512();
-#define W4K_A8_DP(f)                                                              \
-  if constexpr (f < R * kE && f % kE / 2 == kStep)                                \
-    x##f = _mm512_dpbusd_epi32(x##f, f % 2 ? e_hi : e_lo,                         \
-                               _mm512_set1_epi32(*reinterpret_cast<const int32_t*>( \
-                                   qa + (f / kE) * lda_q + 4 * q)));
-  // code zmm 2 step, 2 step + 1: the low and high nibbles of u
-#define W4K_A8_STEP(step, u)                        \
-  {                                                 \
-    constexpr int kStep = step;                     \
-    const __m512i u_ = (u);                         \
-    const __m512i e_lo = _mm512_and_si512(u_, lo);  \
-    const __m512i e_hi = _mm512_and_si512(u_, hi);  \
-    W4K_A8_ACC16(W4K_A8_DP)                         \
+  for (int64_t pr = 0; pr < npairs; ++pr) {
+    const int32_t* wp = words + 16 * pr;
+    int32_t* ap = acc + 128 * pr;
+    if (pr < next_pairs) {  // this pair's line of each row of the next sweep, into L1
+      const char* nx = reinterpret_cast<const char*>(next + 16 * pr);
+      for (int r = 0; r < 4 * kQ; ++r) _mm_prefetch(nx + r * 4 * ldq, _MM_HINT_T0);
+    }
+    for (int h = 0; h < 2; ++h) {
+      // sums of code zmm 4h .. 4h + 3 (u_2h lo, hi; u_2h+1 lo, hi) of every row
+      __m512i x[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int e = 0; e < 4; ++e) x[r][e] = _mm512_load_si512(ap + r * acc_ld + 16 * (4 * h + e));
+      for (int qq = 0; qq < kQ; ++qq) {
+        const int32_t* wq = wp + 4 * qq * ldq;
+        const __m512i w0 = _mm512_loadu_si512(wq), w1 = _mm512_loadu_si512(wq + ldq);
+        const __m512i w2 = _mm512_loadu_si512(wq + 2 * ldq), w3 = _mm512_loadu_si512(wq + 3 * ldq);
+        const __m512i ta = h ? _mm512_unpackhi_epi8(w0, w1) : _mm512_unpacklo_epi8(w0, w1);
+        const __m512i tb = h ? _mm512_unpackhi_epi8(w2, w3) : _mm512_unpacklo_epi8(w2, w3);
+        const __m512i u0 = _mm512_unpacklo_epi16(ta, tb), u1 = _mm512_unpackhi_epi16(ta, tb);
+        const __m512i e[4] = {_mm512_and_si512(u0, lo), _mm512_and_si512(u0, hi),
+                              _mm512_and_si512(u1, lo), _mm512_and_si512(u1, hi)};
+        for (int r = 0; r < R; ++r) {
+          const __m512i a4 =
+              _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * qq));
+          for (int f = 0; f < 4; ++f) x[r][f] = _mm512_dpbusd_epi32(x[r][f], e[f], a4);
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int f = 0; f < 4; ++f) _mm512_store_si512(ap + r * acc_ld + 16 * (4 * h + f), x[r][f]);
+    }
   }
-#define W4K_A8_EPI(f)                                                                       \
-  if constexpr (f < R * kE) {                                                               \
-    constexpr int r = f / kE, z = f % kE;                                                   \
-    constexpr int j = 8 * (z / kZ) + kZ * kPart + z % kZ; /* position group, pair order */  \
-    epilogue_one_a8(j % 2 ? _mm512_srai_epi32(x##f, 4) : x##f, j, sa[r * lds],               \
-                    sumqa[r * lds], sw2, z2, c + r * ldc);                                  \
-  } else {                                                                                  \
-    (void)x##f;                                                                             \
-  }
-  W4K_A8_ACC16(W4K_A8_DECL)
-  for (int64_t q = 0; q < nq; ++q, words += 4 * ldq) {
-    if (pf) prefetch_quad_rows(words, ldq, ahead_words, pf);
-    // chunk pair pr: its code zmm kZ pr .. kZ (pr + 1) - 1, steps kZ / 2 pr ..
-#define W4K_A8_PAIR(pr)                                                                         \
-  if constexpr (pr < kPairs) {                                                                  \
-    const int32_t* wp = words + 16 * pr;                                                        \
-    const __m512i w0 = _mm512_loadu_si512(wp), w1 = _mm512_loadu_si512(wp + ldq);              \
-    const __m512i w2 = _mm512_loadu_si512(wp + 2 * ldq), w3 = _mm512_loadu_si512(wp + 3 * ldq); \
-    if constexpr (kParts > 1 && kPart == 0) {                                                   \
-      int32_t* cp = copy + 64 * kPairs * q + 16 * pr;                                           \
-      _mm512_store_si512(cp, w0);                                                               \
-      _mm512_store_si512(cp + 16 * kPairs, w1);                                                 \
-      _mm512_store_si512(cp + 32 * kPairs, w2);                                                 \
-      _mm512_store_si512(cp + 48 * kPairs, w3);                                                 \
-    }                                                                                           \
-    /* the part's u_i: 4 / kParts of them from kI0 */                                           \
-    constexpr int s0 = kZ / 2 * pr, kI0 = kPart * 4 / kParts;                                   \
-    W4K_A8_STEP(s0, (awq_pair_u<kI0>(w0, w1, w2, w3)))                                          \
-    if constexpr (kParts <= 2) W4K_A8_STEP(s0 + 1, (awq_pair_u<kI0 + 1>(w0, w1, w2, w3)))      \
-    if constexpr (kParts == 1) {                                                                \
-      W4K_A8_STEP(s0 + 2, (awq_pair_u<kI0 + 2>(w0, w1, w2, w3)))                                \
-      W4K_A8_STEP(s0 + 3, (awq_pair_u<kI0 + 3>(w0, w1, w2, w3)))                                \
-    }                                                                                           \
-  }
-    W4K_A8_PAIR(0)
-    W4K_A8_PAIR(1)
-#undef W4K_A8_PAIR
-  }
-  W4K_A8_ACC16(W4K_A8_EPI)
-#undef W4K_A8_EPI
-#undef W4K_A8_STEP
-#undef W4K_A8_DP
-#undef W4K_A8_DECL
-#undef W4K_A8_ACC16
 }
 
-// Passes of awq_pairs_a8 over a block: R x 8 kPairs / passes accumulators (at most 16).
-constexpr int awq_pair_passes(int R, int kPairs) { return R == 1 ? 1 : (R <= 2 ? 1 : 2) * kPairs; }
-
-// AWQ, R = 1..4 rows: one block of kPairs chunk pairs (kPairs contiguous 64-byte lines of each
-// weight row) in awq_pair_passes(R, kPairs) passes, the first reading the block's lines from
-// L2, prefetching the next block's (ahead) into L2 as it goes and storing the lines it read
-// into `copy` (contiguous, 128 rows x 64 kPairs bytes), the others reading that copy from L1.
-// Read in place (weight rows N / 2 bytes apart: with N = 4096 a block's lines fall into 4 of
-// the 64 L1 sets, 256 lines for 48 ways) the later passes met L2: the copy made M = 2..4
-// 1.10-1.14x faster at N = 4096 (K = 4096, 11008), level at N = 11008. Two pairs where the
-// item has them: with one line per row per pass the same kernel ran 0.75-0.85x as fast at
-// M = 2..4 (2 threads, rotated weights; 0.72-0.99x again with the copy).
-// Spreading the prefetches over all the passes of a block, or fetching two blocks ahead, was no
-// faster (0.84-1.0x at M = 2..8).
-// GCC 12's tree PRE kept a copy of some accumulators in zmm16-31 and moved them there and
-// back (and to the stack) on every iteration: off for these functions (read off the assembly:
-// none of that without it).
-template <int R, int kPairs>
-W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_pairs_a8(
-    const int32_t* words, int64_t ldq, int64_t nq, int ahead, int64_t ahead_words,
-    const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa, int64_t lds,
-    const float* sw2, const int32_t* z2, float* c, int64_t ldc) {
-  static_assert(R >= 1 && R <= 4 && (kPairs == 1 || kPairs == 2));
-  constexpr int kParts = awq_pair_passes(R, kPairs);
-  // A block has at most 128 rows (a8_block_size).
-  alignas(64) int32_t copy[kParts > 1 ? 128 * 16 * kPairs : 16];
-#define W4K_A8_PASS(part)                                                                     \
-  if constexpr (part < kParts)                                                                \
-    awq_pairs_pass<R, kParts, kPairs, part>(part ? copy : words, part ? 16 * kPairs : ldq, nq, \
-                                            part == 0 ? ahead : 0, ahead_words, qa, lda_q, sa, \
-                                            sumqa, lds, sw2, z2, c, ldc, copy);
-  W4K_A8_PASS(0) W4K_A8_PASS(1) W4K_A8_PASS(2) W4K_A8_PASS(3)
-#undef W4K_A8_PASS
+// One block of chunk pairs [0, npairs) (words: the block's first row, the first pair), R = 1..4
+// rows: sub-strips of at most awq_sweep_pairs(R) pairs, each swept awq_sweep_quads_per_sweep(R)
+// quads at a time, then the epilogue of each pair (its scales and zero points of group g
+// gathered) into the fp32 sums c (pair order, row stride ldc). acc: scratch of R x
+// awq_sweep_pairs(R) x 128 int32, 64-byte aligned. ahead: a next block follows (its rows are
+// prefetched by the last sweep).
+template <int R>
+W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_sweep_block_a8(
+    const W4a8Problem& p, int64_t g, int64_t ch, const int32_t* words, int64_t ldq, int64_t nq,
+    int64_t npairs, const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa,
+    int64_t lds, float* c, int64_t ldc, int32_t* acc, bool ahead) {
+  constexpr int kQ = awq_sweep_quads_per_sweep(R);
+  const int64_t subs = (npairs + awq_sweep_pairs(R) - 1) / awq_sweep_pairs(R);
+  for (int64_t sub = 0; sub < subs; ++sub) {
+    // sub-strip [p0, p1), as even as the pairs allow; the next one's first rows are prefetched
+    // by this one's last sweep (the last one's: the next block's first sub-strip)
+    const int64_t p0 = sub * npairs / subs, p1 = (sub + 1) * npairs / subs;
+    const int64_t np = p1 - p0, acc_ld = 128 * np;
+    const bool last = sub + 1 == subs;
+    const int32_t* after = last ? words + 4 * nq * ldq : words + 16 * p1;
+    const int64_t after_pairs = last ? (ahead ? npairs / subs : 0) : (sub + 2) * npairs / subs - p1;
+    for (int64_t i = 0; i < R * acc_ld; i += 16)
+      _mm512_store_si512(acc + i, _mm512_setzero_si512());
+    const int32_t* w = words + 16 * p0;
+    for (int64_t q = 0; q < nq; q += kQ) {  // blocks of 16-128 rows: nq % 4 == 0
+      const bool end = q + kQ == nq;
+      awq_sweep_quads<R, kQ>(w + 4 * q * ldq, ldq, np, qa + 4 * q, lda_q, acc, acc_ld,
+                             end ? after : w + 4 * (q + kQ) * ldq, end ? after_pairs : np);
+    }
+    for (int64_t pr = 0; pr < np; ++pr) {
+      alignas(64) float sw2[128];
+      alignas(64) int32_t z2[128];
+      gather_awq_pair_avx512(p, g, ch + 2 * (p0 + pr), sw2, z2);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 8; ++j) {
+          const __m512i d = _mm512_load_si512(acc + r * acc_ld + 128 * pr + 16 * j);
+          epilogue_one_a8(j % 2 ? _mm512_srai_epi32(d, 4) : d, j, sa[r * lds], sumqa[r * lds],
+                          sw2, z2, c + r * ldc + 128 * (p0 + pr));
+        }
+    }
+  }
 }
 
 // Marlin, two rows, half a chunk (words c = 4h .. 4h + 3 of every k-tile: panel zmm g = h and
@@ -675,7 +666,7 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void tile_awq_a8(
 }
 
 // One quad of kPairs AWQ chunk pairs for tile_awq_pairs_a8, decoded by byte unpacks as in
-// awq_pairs_pass but with the high nibbles shifted down (the panels hold codes, for tile_a8):
+// awq_sweep_quads but with the high nibbles shifted down (the panels hold codes, for tile_a8):
 // half pair h (zmm 4h .. 4h + 3 of the pair order) stored to panel + h panel_bytes, half pair
 // 0 also returned in e.
 template <int kPairs>
@@ -849,6 +840,15 @@ W4K_A8_TARGET_VBMI __attribute__((noinline)) void decode_awq_pair_panels(
 }
 #endif
 
+// Whether an item of `rows` rows takes the AWQ sweeps (awq_sweep_block_a8): the chunk pairs at
+// 1-4 rows, off the AMX-INT8 tiles.
+inline bool awq_sweep_applies(const W4a8Problem& p, int64_t rows) {
+#ifdef W4K_HAVE_AMX_PATH
+  if (a8_amx_applies(p, rows)) return false;
+#endif
+  return awq_pairs_apply(p) && rows <= kA8AwqPairRows;
+}
+
 // Columns of chunks [ch0, ch1), rows [m0, m1). Blocks of K outer (ascending: the epilogue's
 // order), chunks inner, so one item reads its chunks' words of a k-tile as one contiguous run.
 W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, int64_t ch1,
@@ -872,21 +872,42 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
 #else
   const bool amx = false;
 #endif
-  // AWQ: every chunk pair of the item decoded by byte unpacks, in registers (awq_pairs_a8, up to
-  // kA8AwqPairRows rows) or into panels for register tiles (more rows) or the AMX-INT8 tiles; an
-  // odd last chunk alone by the paths below. The pairs' sums are kept in pair order.
+  // AWQ: every chunk pair of the item decoded by byte unpacks, in sweeps (awq_sweep_block_a8, up
+  // to kA8AwqPairRows rows) or into panels for register tiles (more rows) or the AMX-INT8 tiles;
+  // an odd last chunk alone by the paths below. The pairs' sums are kept in pair order.
   const bool pairs = awq_pairs_apply(p);
   // chunk ch starts a pair of the item (the item's chunks pair up from ch0; an odd last one not)
   auto pair_starts = [&](int64_t ch) { return pairs && (ch - ch0) % 2 == 0 && ch + 2 <= ch1; };
   uint8_t* panels = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(panel_buf.data()) + 63) & ~uintptr_t{63});
+  // AWQ, 1-4 rows: the item's chunk pairs in sweeps (awq_sweep_block_a8; an odd last chunk
+  // alone, below).
+  const int64_t sweep_pairs = awq_sweep_applies(p, rows) ? (ch1 - ch0) / 2 : 0;
+  thread_local Vector64<int32_t> sweep_acc;
+  if (sweep_pairs) sweep_acc.resize(4 * awq_sweep_pairs(4) * 128);
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
-    for (int64_t ch = ch0; ch < ch1; ++ch) {
+    if (sweep_pairs) {
+      const int64_t ldq = p.size_n / 8, lds = p.num_blocks;
+      const int32_t* words = p.qweight + k0 * ldq + 8 * ch0;
+      const int8_t* qa = p.qa + m0 * p.lda_q + k0;
+      const float* sa = p.sa + m0 * lds + b;
+      const int32_t* sq = p.sumqa + m0 * lds + b;
+#define W4K_A8_CASE(n)                                                                         \
+  case n:                                                                                      \
+    awq_sweep_block_a8<n>(p, g, ch0, words, ldq, nq, sweep_pairs, qa, p.lda_q, sa, sq, lds,    \
+                          acc_buf.data(), ldc, sweep_acc.data(), ahead);                       \
+    break;
+      switch (rows) {
+        W4K_A8_CASE(1) W4K_A8_CASE(2) W4K_A8_CASE(3) W4K_A8_CASE(4)
+        default: break;
+      }
+#undef W4K_A8_CASE
+    }
+    for (int64_t ch = ch0 + 2 * sweep_pairs; ch < ch1; ++ch) {
       if (pair_starts(ch)) {
-        // two pairs at a time where the item has them: 128 contiguous bytes of each weight row
-        // per pass (one 64-byte line: 0.75-0.85x the speed at M = 2..4, 2 threads)
+        // two pairs at a time where the item has them
         const int64_t np = (ch - ch0) % 4 == 0 && ch + 4 <= ch1 ? 2 : 1;
         alignas(64) float sw2[256];
         alignas(64) int32_t z2[256];
@@ -918,40 +939,9 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
           continue;
         }
 #endif
-        if (rows <= kA8AwqPairRows) {
-          const int8_t* qa = p.qa + m0 * p.lda_q + k0;
-          const float* sa = p.sa + m0 * lds + b;
-          const int32_t* sq = p.sumqa + m0 * lds + b;
-          float* c = acc_buf.data() + 64 * (ch - ch0);
-          // Lines of each row of the next block prefetched by this call: its own (np), or,
-          // where weight rows are a multiple of 2 KiB apart (N % 4096 == 0), the whole item's
-          // by its first call, so that each row's run is requested at once (M = 1 / 4: 1.06-1.12x
-          // at N = 4096, K = 4096 and 11008; 0.87-0.91x at N = 11008, which keeps the spread).
-          const int pfl = !ahead                    ? 0
-                          : p.size_n % 4096 != 0    ? static_cast<int>(np)
-                          : ch == ch0               ? static_cast<int>((ch1 - ch0) / 2)
-                                                    : 0;
-#define W4K_A8_CASE(n)                                                                        \
-  case n:                                                                                     \
-    if (np == 2)                                                                              \
-      awq_pairs_a8<n, 2>(words, ldq, nq, pfl, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2, \
-                         z2, c, ldc);                                                         \
-    else                                                                                      \
-      awq_pairs_a8<n, 1>(words, ldq, nq, pfl, p.block * ldq, qa, p.lda_q, sa, sq, lds, sw2, \
-                         z2, c, ldc);                                                         \
-    break;
-          switch (rows) {
-            W4K_A8_CASE(1) W4K_A8_CASE(2) W4K_A8_CASE(3) W4K_A8_CASE(4)
-            default: break;
-          }
-#undef W4K_A8_CASE
-          ch += 2 * np - 1;
-          continue;
-        }
-        // More rows: row tiles of at most kA8TileRows (3..6 rows each) over the half pairs, the
-        // first decoding (tile_awq_pairs_a8) into panels; the next block's lines prefetched
-        // spread over the tiles. (At 5-8 rows, two row groups of 3-4 in awq_pairs_a8 instead:
-        // the same speed within the noise, 2 threads.)
+        // More rows than the sweeps take (above): row tiles of at most kA8TileRows (3..6 rows
+        // each) over the half pairs, the first decoding (tile_awq_pairs_a8) into panels; the
+        // next block's lines prefetched spread over the tiles.
         const int64_t row_tiles = (rows + kA8TileRows - 1) / kA8TileRows;
         const int64_t calls = row_tiles * 2 * np;
         for (int64_t hp = 0, call = 0; hp < 2 * np; ++hp) {

@@ -46,8 +46,9 @@
 //   of in-lane byte / word unpacks of the 4 rows' lines give dwords (k, k + 1, k + 2, k + 3)
 //   of one column, and & 0x0f / & 0xf0 the low / high nibbles (the latter 16 times the code,
 //   taken out of the exact int32 sum by a shift): 16 instructions per 8 zmm, in the "pair
-//   order" of AwqPairTables. 1-4 rows: two pairs (128 contiguous bytes of each row) per block
-//   in registers, in 1-4 passes (awq_pairs_a8); more rows: the first register tile decodes
+//   order" of AwqPairTables. 1-4 rows: one strip of the columns per thread, each block read in
+//   sweeps of 8-16 rows across the strip, the int32 sums in L1 (awq_sweep_block_a8); more
+//   rows: the first register tile decodes
 //   into L1 panels of half pairs (tile_awq_pairs_a8), tile_a8 runs the others. An odd last
 //   chunk, and every chunk under W4K_A8_AWQ_PAIRS=0: one vpermt2b per output zmm gathers byte
 //   4w + b of the 4 rows (held in two zmm) into a dword, then the low or high nibble is kept
@@ -113,9 +114,9 @@ constexpr int64_t kA8FewRows = 4;
 // once by its first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with
 // two register passes; 2 rows 15-20 % slower).
 constexpr int64_t kA8AwqRegRows = 2;
-// AWQ on the AVX-512 path: chunk pairs decoded by byte unpacks, up to this many rows in
-// registers (awq_pairs_a8), with more into L1 panels for the register tiles
-// (tile_awq_pairs_a8) or, from kA8AmxMinRowsAwq rows, the AMX-INT8 tiles. W4K_A8_AWQ_PAIRS=0
+// AWQ on the AVX-512 path: chunk pairs decoded by byte unpacks, up to this many rows in sweeps
+// of whole strips (awq_sweep_block_a8, sums in L1), with more into L1 panels for the register
+// tiles (tile_awq_pairs_a8) or, from kA8AmxMinRowsAwq rows, the AMX-INT8 tiles. W4K_A8_AWQ_PAIRS=0
 // turns the pairs off (tests): every chunk then takes the vpermt2b decode, as an odd last
 // chunk of an item always does.
 constexpr int64_t kA8AwqPairRows = 4;
@@ -181,9 +182,9 @@ inline const PanelTables& panel_tables(A8Format f) {
   return f == A8Format::kMarlin ? marlin : awq;
 }
 
-// AWQ on the AVX-512 path (awq_pairs_a8, tile_awq_pairs_a8, the AMX-INT8 panels): a chunk pair
-// (one 64-byte line of each AutoAWQ row, 16 words = 128 columns) decoded by byte unpacks into 8
-// zmm in "pair order":
+// AWQ on the AVX-512 path (awq_sweep_block_a8, tile_awq_pairs_a8, the AMX-INT8 panels): a chunk
+// pair (one 64-byte line of each AutoAWQ row, 16 words = 128 columns) decoded by byte unpacks
+// into 8 zmm in "pair order":
 // position p = 16 j + 4 l + d, zmm j = 2 i + h, holds the column of nibble 2 d + h of word
 // 4 l + i (l: the 128-bit lane, i: which of its 4 words, d: the byte, h: low or high nibble),
 // i.e. column 8 (4 l + i) + AWQ order[2 d + h]; zero points are packed the same way, so a
