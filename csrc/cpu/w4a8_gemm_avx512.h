@@ -401,6 +401,10 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_sweep_quads(
     const int32_t* words, int64_t ldq, int64_t npairs, const int8_t* qa, int64_t lda_q,
     int32_t* acc, int64_t acc_ld, const int32_t* next, int64_t next_pairs) {
   const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8(static_cast<char>(0xf0));
+  __m512i a4[R][kQ];  // the rows' 4 activation bytes of each quad, broadcast once per sweep
+  for (int r = 0; r < R; ++r)
+    for (int qq = 0; qq < kQ; ++qq)
+      a4[r][qq] = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * qq));
   for (int64_t pr = 0; pr < npairs; ++pr) {
     const int32_t* wp = words + 16 * pr;
     int32_t* ap = acc + 128 * pr;
@@ -422,11 +426,8 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_sweep_quads(
         const __m512i u0 = _mm512_unpacklo_epi16(ta, tb), u1 = _mm512_unpackhi_epi16(ta, tb);
         const __m512i e[4] = {_mm512_and_si512(u0, lo), _mm512_and_si512(u0, hi),
                               _mm512_and_si512(u1, lo), _mm512_and_si512(u1, hi)};
-        for (int r = 0; r < R; ++r) {
-          const __m512i a4 =
-              _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(qa + r * lda_q + 4 * qq));
-          for (int f = 0; f < 4; ++f) x[r][f] = _mm512_dpbusd_epi32(x[r][f], e[f], a4);
-        }
+        for (int r = 0; r < R; ++r)
+          for (int f = 0; f < 4; ++f) x[r][f] = _mm512_dpbusd_epi32(x[r][f], e[f], a4[r][qq]);
       }
       for (int r = 0; r < R; ++r)
         for (int f = 0; f < 4; ++f) _mm512_store_si512(ap + r * acc_ld + 16 * (4 * h + f), x[r][f]);
