@@ -83,8 +83,9 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   const int64_t num_chunks = size_n / 64;
   // Marlin, 1-4 rows (bandwidth-bound): about 2 items per thread, so an item reads long runs of
   // each k-tile line (N = 4096: 8 chunks = 4 KiB, one page) instead of 4 strided 512-byte runs
-  // per chunk: measured 5-20 % faster at M = 1 than 4 items per thread (h-a8tune). More rows:
-  // about 4 items per thread, for the balance between the 2 threads.
+  // per chunk: measured 5-20 % faster at M = 1 than 4 items per thread (h-a8tune; the AVX-512
+  // path takes one per thread, below). More rows: about 4 items per thread, for the balance
+  // between the 2 threads.
   const int64_t items_per_thread = size_m <= cpu::kA8FewRows ? 2 : 4;
   int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (2 * items_per_thread * threads));
   chunks_per_item += chunks_per_item % 2;
@@ -95,9 +96,14 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // register tiles level).
   if (p.format == cpu::A8Format::kAwq) chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 4;
 #ifdef W4K_HAVE_A8_AVX512
-  // AWQ at 1-4 rows on the sweeps (cpu/w4a8_gemm_avx512.h, "whole strips"): one strip of the
-  // columns per thread, so that the threads read every weight row at once.
-  if (avx512 && cpu::awq_sweep_applies(p, size_m)) {
+  // 1-4 rows on the AVX-512 path: one strip of the columns per thread, so that the threads read
+  // every weight row (AWQ, on the sweeps of cpu/w4a8_gemm_avx512.h "whole strips") or k-tile
+  // row (Marlin) at the same time. Marlin, measured 2026-12-02 (AMX Xeon VM, 2 threads, weights
+  // rotated, back-to-back loops, two rounds) against the items of 8 chunks above: M = 1 / 2 / 4
+  // 1.09-1.15 / 1.17-1.20 / 1.16 on 11008 x 4096, 1.05-1.10 / 1.01-1.06 / 1.03-1.08 on 4096 x
+  // 11008, level on 4096 x 4096 (0.371-0.377 ms against 0.377-0.460 at M = 1).
+  if (avx512 && size_m <= cpu::kA8FewRows &&
+      (p.format != cpu::A8Format::kAwq || cpu::awq_sweep_applies(p, size_m))) {
     chunks_per_item = (num_chunks + threads - 1) / threads;
     chunks_per_item += chunks_per_item % 2;
   }
