@@ -373,23 +373,31 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
 
 // ---- AWQ, 1-4 rows: sweeps of whole strips ----
 //
-// Why. The chunk-pair kernel above walks each 128-byte piece of its item down the block's rows
-// (its accumulators stay in registers), so the memory sees, per weight row, runs of 128-256
-// bytes N / 2 bytes apart, visited once per item. On the AMX Xeon VM (2 threads, rotated
-// buffers) reading an AutoAWQ weight that way took 20-23 GB/s, while reading it in sweeps of 8
-// or 16 rows across a strip of every row, one strip per thread (the two strips covering each
-// row at the same time), took 27-31 GB/s (the probe: 29-31). So at M <= 4 an item is one
-// thread's strip of the columns, and each block is read in sweeps of kA8SweepQuads quads over
-// sub-strips of at most awq_sweep_pairs(R) chunk pairs, the int32 sums of the block kept in
-// memory (L1) between sweeps. The int32 sums of a block are exact whatever the order, and the
-// epilogue is the chunk-pair kernel's, per block in k order: every path's bits.
+// Why. The kernel these replaced (main c274b05: awq_pairs_a8) walked each 128-byte piece of its
+// item down a block's 128 rows with its accumulators in registers, so the memory saw, per
+// weight row, runs of 128-256 bytes N / 2 bytes apart, visited once per item. A read probe on
+// the AMX Xeon VM (2 threads, 256 MB of AutoAWQ-shaped buffers rotated) read that order at
+// 20-23.5 GB/s, and sweeps of 8-16 rows across a strip of every row, one strip per thread (the
+// two strips covering each row at the same time), at 27-31 GB/s (the probe: 29-31; four strips,
+// two per thread: 19-22). So at M <= 4 an item is one thread's strip of the columns
+// (w4a8_gemm.cpp), and each block is read in sweeps of awq_sweep_quads_per_sweep(R) quads over
+// sub-strips of at most awq_sweep_pairs(R) chunk pairs, the block's int32 sums kept in L1
+// between sweeps; each sweep prefetches the next one's lines into L1 (without: 0.55-0.8x; L2
+// hints or two sweeps ahead: level). 1.16-1.45x the old kernel at M = 1, 2, 4 on 4096 x 4096,
+// 11008 x 4096, 4096 x 11008 (2 threads, weights rotated, fresh processes alternating). The
+// int32 sums of a block are exact whatever the order, and the epilogue is the chunk-pair one,
+// per block in k order: every path's bits.
+//
 // Quads per sweep (weight rows read across the sub-strip: 16 at one row of a, 8 above). Measured
 // (2 threads, rotated weights, 4096 x 4096 and 11008 x 4096, two rounds): 4 quads against 2
 // 1.01-1.05x at M = 1, 2 quads against 4 1.03-1.13x at M = 2..4; 8 quads 0.87-0.97x.
 constexpr int awq_sweep_quads_per_sweep(int R) { return R == 1 ? 4 : 2; }
 // Chunk pairs per sub-strip at R rows: the block's int32 sums (R x 512 bytes per pair) within
-// 24 KiB of L1.
+// 32 KiB of L1. 11008 x 4096 (43 pairs per item), ms: M = 4 1.05-1.26 against 1.42-1.70 within
+// 24 KiB (4 sub-strips) and 1.38-1.49 within 48 (2); M = 2 0.91-1.07 against 1.5-2.2 with the
+// whole 44 KiB strip.
 constexpr int64_t awq_sweep_pairs(int R) { return 64 / R; }
+constexpr int64_t kAwqSweepAccInts = 64 * 128;  // the sums' scratch: R x awq_sweep_pairs(R) pairs
 
 // One sweep: kQ quads (rows 4 q0 .. of the block: words, qa at the sweep's first row) over
 // `npairs` chunk pairs (lines of 64 bytes), R rows of a; acc: the int32 sums of each pair in
@@ -438,15 +446,16 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_sweep_quads(
 // One block of chunk pairs [0, npairs) (words: the block's first row, the first pair), R = 1..4
 // rows: sub-strips of at most awq_sweep_pairs(R) pairs, each swept awq_sweep_quads_per_sweep(R)
 // quads at a time, then the epilogue of each pair (its scales and zero points of group g
-// gathered) into the fp32 sums c (pair order, row stride ldc). acc: scratch of R x
-// awq_sweep_pairs(R) x 128 int32, 64-byte aligned. ahead: a next block follows (its rows are
-// prefetched by the last sweep).
+// gathered) into the fp32 sums c (pair order, row stride ldc). acc: scratch of kAwqSweepAccInts
+// int32, 64-byte aligned. ahead: a next block follows (its rows are prefetched by the last
+// sweep).
 template <int R>
-W4K_A8_TARGET __attribute__((noinline, optimize("no-tree-pre"))) void awq_sweep_block_a8(
+W4K_A8_TARGET __attribute__((noinline)) void awq_sweep_block_a8(
     const W4a8Problem& p, int64_t g, int64_t ch, const int32_t* words, int64_t ldq, int64_t nq,
     int64_t npairs, const int8_t* qa, int64_t lda_q, const float* sa, const int32_t* sumqa,
     int64_t lds, float* c, int64_t ldc, int32_t* acc, bool ahead) {
   constexpr int kQ = awq_sweep_quads_per_sweep(R);
+  static_assert(R * awq_sweep_pairs(R) * 128 <= kAwqSweepAccInts, "sums scratch");
   const int64_t subs = (npairs + awq_sweep_pairs(R) - 1) / awq_sweep_pairs(R);
   for (int64_t sub = 0; sub < subs; ++sub) {
     // sub-strip [p0, p1), as even as the pairs allow; the next one's first rows are prefetched
@@ -885,7 +894,7 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
   // alone, below).
   const int64_t sweep_pairs = awq_sweep_applies(p, rows) ? (ch1 - ch0) / 2 : 0;
   thread_local Vector64<int32_t> sweep_acc;
-  if (sweep_pairs) sweep_acc.resize(4 * awq_sweep_pairs(4) * 128);
+  if (sweep_pairs) sweep_acc.resize(kAwqSweepAccInts);
   for (int64_t b = 0; b < p.num_blocks; ++b) {
     const int64_t k0 = b * p.block, g = k0 / p.group_size;
     const bool ahead = b + 1 < p.num_blocks;
