@@ -100,7 +100,7 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // every weight row (AWQ, on the sweeps of cpu/w4a8_gemm_avx512.h "whole strips") or k-tile
   // row (Marlin) at the same time. Marlin, measured 2026-12-02 (AMX Xeon VM, 2 threads, weights
   // rotated, back-to-back loops, two rounds) against the items of 8 chunks above: M = 1 / 2 / 4
-  // 1.09-1.15 / 1.17-1.20 / 1.16 on 11008 x 4096, 1.05-1.10 / 1.01-1.06 / 1.03-1.08 on 4096 x
+  // 1.09-1.15 / 1.17-1.20 / 1.16 on 11008 x 4096, 1.08-1.11 / 1.05-1.06 / 1.03-1.08 on 4096 x
   // 11008, level on 4096 x 4096 (0.371-0.377 ms against 0.377-0.460 at M = 1).
   if (avx512 && size_m <= cpu::kA8FewRows &&
       (p.format != cpu::A8Format::kAwq || cpu::awq_sweep_applies(p, size_m))) {
