@@ -96,14 +96,16 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // register tiles level).
   if (p.format == cpu::A8Format::kAwq) chunks_per_item = size_m <= cpu::kA8GroupRows ? 8 : 4;
 #ifdef W4K_HAVE_A8_AVX512
-  // 1-4 rows on the AVX-512 path: one strip of the columns per thread, so that the threads read
-  // every weight row (AWQ, on the sweeps of cpu/w4a8_gemm_avx512.h "whole strips") or k-tile
-  // row (Marlin) at the same time. Marlin, measured 2026-12-02 (AMX Xeon VM, 2 threads, weights
-  // rotated, back-to-back loops, two rounds) against the items of 8 chunks above: M = 1 / 2 / 4
-  // 1.09-1.15 / 1.17-1.20 / 1.16 on 11008 x 4096, 1.08-1.11 / 1.05-1.06 / 1.03-1.08 on 4096 x
-  // 11008, level on 4096 x 4096 (0.371-0.377 ms against 0.377-0.460 at M = 1).
-  if (avx512 && size_m <= cpu::kA8FewRows &&
-      (p.format != cpu::A8Format::kAwq || cpu::awq_sweep_applies(p, size_m))) {
+  // 1-4 rows on the AVX-512 path (both formats) and the AVX2 path (Marlin): one strip of the
+  // columns per thread, so that the threads read every weight row (AWQ, on the sweeps of
+  // cpu/w4a8_gemm_avx512.h "whole strips") or k-tile row (Marlin) at the same time. Marlin,
+  // measured 2026-12-02 (AMX Xeon VM, 2 threads, weights rotated, back-to-back loops, two
+  // rounds) against the items of 8 chunks above: AVX-512, M = 1 / 2 / 4 1.09-1.15 / 1.17-1.20 /
+  // 1.16 on 11008 x 4096, 1.08-1.11 / 1.05-1.06 / 1.03-1.08 on 4096 x 11008, level on 4096 x 4096
+  // (0.371-0.377 ms against 0.377-0.460 at M = 1); AVX2 (W4K_CPU_ISA=avx2 on the same CPU, so
+  // with AVX-VNNI), M = 1 / 4 1.11-1.14 / 1.10-1.12 on 11008 x 4096, level on 4096 x 4096.
+  if ((avx512 || (avx2 && p.format == cpu::A8Format::kMarlin)) && size_m <= cpu::kA8FewRows &&
+      (p.format == cpu::A8Format::kMarlin || cpu::awq_sweep_applies(p, size_m))) {
     chunks_per_item = (num_chunks + threads - 1) / threads;
     chunks_per_item += chunks_per_item % 2;
   }
