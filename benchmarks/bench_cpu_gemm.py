@@ -45,7 +45,7 @@ they fell in. The loaded figure is therefore the mean of ``--load-repeats`` roun
 60, back to back: a model's steady state), against the quiet median.
 
 ``--order rounds`` (the default) times the methods of one (shape, M) point in rounds: every
-repeat calls each method once, in turn, so a slow stretch of a noisy machine (the Zen 5 VM of
+repeat calls each method once, in an order shuffled per round (see ``time_rounds``), so a slow stretch of a noisy machine (the Zen 5 VM of
 2026-12-01 moved 1.5-2x within minutes) falls on all of them alike and the ratios stay
 same-moment ratios; ``--order blocks`` times each method's repeats back to back (the order of
 the runs quoted in the README before 2026-12-01).
@@ -59,6 +59,7 @@ the runs quoted in the README before 2026-12-01).
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -229,13 +230,21 @@ def load_probes():
 
 def time_rounds(calls, repeats, stat=statistics.median):
     """Median (or `stat`) seconds per key of calls {key: (fn, copies)}: each fn called once
-    first, then `repeats` rounds that call every fn once in turn (call i of a fn uses copy
-    (i + 1) % copies)."""
+    first, then `repeats` rounds that call every fn once, in an order shuffled per round (a fixed
+    seed), so that no method always follows the same one: the call after another library's
+    (ORT's or torch's thread pool) finds our sleeping worker cold, and in a fixed order that cost
+    fell on one method every round (2026-12-02, 4096 x 4096 M = 1: our KleidiAI path 0.63 ms
+    right after ORT, 0.50-0.53 elsewhere in the round). Call i of a fn uses copy (i + 1) %
+    copies."""
     for fn, _ in calls.values():
         fn(0)
     ts = {key: [] for key in calls}
+    order = list(calls)
+    shuffle = random.Random(0).shuffle
     for i in range(repeats):
-        for key, (fn, copies) in calls.items():
+        shuffle(order)
+        for key in order:
+            fn, copies = calls[key]
             t0 = time.perf_counter()
             fn((i + 1) % copies)
             ts[key].append(time.perf_counter() - t0)

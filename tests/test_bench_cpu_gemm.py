@@ -95,14 +95,23 @@ def test_bench_cpu_gemm_noamx_rows():
 
 def test_bench_cpu_gemm_rounds_interleave_the_methods():
     """--order rounds (the default): after one warm-up call each, every round calls each method
-    once, in turn, each method stepping through its own copies, so slow stretches of a noisy
-    machine fall on every method alike; --order blocks still runs."""
+    once, in an order shuffled per round (so no method always follows the same one), each method
+    stepping through its own copies, so slow stretches of a noisy machine fall on every method
+    alike; --order blocks still runs."""
     bench = _bench_module()
     log = []
-    calls = {"a": (lambda i: log.append(("a", i)), 3), "b": (lambda i: log.append(("b", i)), 2)}
-    t = bench.time_rounds(calls, repeats=4)
-    assert set(t) == {"a", "b"} and all(v >= 0 for v in t.values())
-    assert log == [("a", 0), ("b", 0),
-                   ("a", 1), ("b", 1), ("a", 2), ("b", 0), ("a", 0), ("b", 1), ("a", 1), ("b", 0)]
+    copies = {"a": 3, "b": 2, "c": 4}
+    calls = {k: ((lambda i, k=k: log.append((k, i))), c) for k, c in copies.items()}
+    repeats = 8
+    t = bench.time_rounds(calls, repeats=repeats)
+    assert set(t) == set(copies) and all(v >= 0 for v in t.values())
+    assert log[:3] == [("a", 0), ("b", 0), ("c", 0)]
+    rounds = [log[3 + 3 * r: 6 + 3 * r] for r in range(repeats)]
+    assert len(log) == 3 + 3 * repeats
+    for r, calls_r in enumerate(rounds):
+        assert sorted(calls_r) == [(k, (r + 1) % copies[k]) for k in sorted(copies)], r
+    orders = {tuple(k for k, _ in calls_r) for calls_r in rounds}
+    assert len(orders) > 1, orders
+    assert len({calls_r[0][0] for calls_r in rounds}) > 1  # not always the same one first
     stdout = _bench("--order", "blocks", "--methods", "awq_gemm bf16,torch bf16")
     assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] for line in stdout.splitlines()), stdout
