@@ -45,9 +45,9 @@ they fell in. The loaded figure is therefore the mean of ``--load-repeats`` roun
 60, back to back: a model's steady state), against the quiet median.
 
 ``--order rounds`` (the default) times the methods of one (shape, M) point in rounds: every
-repeat calls each method once, in an order shuffled per round (see ``time_rounds``), so a slow stretch of a noisy machine (the Zen 5 VM of
-2026-12-01 moved 1.5-2x within minutes) falls on all of them alike and the ratios stay
-same-moment ratios; ``--order blocks`` times each method's repeats back to back (the order of
+repeat calls each method once, in an order shuffled per round (see ``time_rounds``), so a slow
+stretch of a noisy machine (the Zen 5 VM of 2026-12-01 moved 1.5-2x within minutes) falls on
+all of them alike and the ratios stay same-moment ratios; ``--order blocks`` times each method's repeats back to back (the order of
 the runs quoted in the README before 2026-12-01).
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
