@@ -47,8 +47,9 @@ they fell in. The loaded figure is therefore the mean of ``--load-repeats`` roun
 ``--order rounds`` (the default) times the methods of one (shape, M) point in rounds: every
 repeat calls each method once, in an order shuffled per round (see ``time_rounds``), so a slow
 stretch of a noisy machine (the Zen 5 VM of 2026-12-01 moved 1.5-2x within minutes) falls on
-all of them alike and the ratios stay same-moment ratios; ``--order blocks`` times each method's repeats back to back (the order of
-the runs quoted in the README before 2026-12-01).
+all of them alike and the ratios stay same-moment ratios; ``--order blocks`` times each
+method's repeats back to back (the order of the runs quoted in the README before 2026-12-01).
+The loaded phase of ``--background-load`` always runs in rounds.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
 
@@ -552,8 +553,8 @@ def main(argv=None):
     ap.add_argument("--load-repeats", type=int, default=60, metavar="R",
                     help="rounds per point under --background-load (their mean is taken)")
     ap.add_argument("--order", choices=["rounds", "blocks"], default="rounds",
-                    help="rounds: each repeat calls every method once, in turn (default); "
-                         "blocks: each method's repeats back to back")
+                    help="rounds: each repeat calls every method once, in an order shuffled "
+                         "per round (default); blocks: each method's repeats back to back")
     ap.add_argument("--isa", default="", metavar="LIST",
                     help="also time awq_gemm, w4a16 and the int8 mode (w4a8, awq_gemm_a8) with "
                          "W4K_CPU_ISA set to each of these (e.g. avx2,scalar; noamx: "

@@ -84,8 +84,8 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // Marlin, 1-4 rows (bandwidth-bound): about 2 items per thread, so an item reads long runs of
   // each k-tile line (N = 4096: 8 chunks = 4 KiB, one page) instead of 4 strided 512-byte runs
   // per chunk: measured 5-20 % faster at M = 1 than 4 items per thread (h-a8tune; the AVX-512
-  // path takes one per thread, below). More rows: about 4 items per thread, for the balance
-  // between the 2 threads.
+  // and AVX2 paths take one per thread, below). More rows: about 4 items per thread, for the
+  // balance between the 2 threads.
   const int64_t items_per_thread = size_m <= cpu::kA8FewRows ? 2 : 4;
   int64_t chunks_per_item = std::max<int64_t>(2, num_chunks / (2 * items_per_thread * threads));
   chunks_per_item += chunks_per_item % 2;
@@ -100,10 +100,11 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
   // columns per thread, so that the threads read every weight row (AWQ, on the sweeps of
   // cpu/w4a8_gemm_avx512.h "whole strips") or k-tile row (Marlin) at the same time. Marlin,
   // measured 2026-12-02 (AMX Xeon VM, 2 threads, weights rotated, back-to-back loops, two
-  // rounds) against the items of 8 chunks above: AVX-512, M = 1 / 2 / 4 1.09-1.15 / 1.17-1.20 /
-  // 1.16 on 11008 x 4096, 1.08-1.11 / 1.05-1.06 / 1.03-1.08 on 4096 x 11008, level on 4096 x 4096
-  // (0.371-0.377 ms against 0.377-0.460 at M = 1); AVX2 (W4K_CPU_ISA=avx2 on the same CPU, so
-  // with AVX-VNNI), M = 1 / 4 1.11-1.14 / 1.10-1.12 on 11008 x 4096, level on 4096 x 4096.
+  // rounds) against the items above (8 chunks at N = 4096, 22 at 11008): AVX-512, M = 1 / 2 / 4
+  // 1.09-1.15 / 1.17-1.20 / 1.16 on 11008 x 4096, 1.08-1.11 / 1.05-1.06 / 1.03-1.08 on 4096 x
+  // 11008, level on 4096 x 4096 (0.371-0.377 ms against 0.377-0.460 at M = 1); AVX2
+  // (W4K_CPU_ISA=avx2 on the same CPU, so with AVX-VNNI), M = 1 / 4 1.11-1.14 / 1.10-1.12 on
+  // 11008 x 4096, level on 4096 x 4096.
   if ((avx512 || (avx2 && p.format == cpu::A8Format::kMarlin)) && size_m <= cpu::kA8FewRows &&
       (p.format == cpu::A8Format::kMarlin || cpu::awq_sweep_applies(p, size_m))) {
     chunks_per_item = (num_chunks + threads - 1) / threads;

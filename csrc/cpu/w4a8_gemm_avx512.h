@@ -949,9 +949,10 @@ W4K_A8_TARGET inline void w4a8_chunks_avx512(const W4a8Problem& p, int64_t ch0, 
           continue;
         }
 #endif
-        // More rows than the sweeps take (above): row tiles of at most kA8TileRows (3..6 rows
-        // each) over the half pairs, the first decoding (tile_awq_pairs_a8) into panels; the
-        // next block's lines prefetched spread over the tiles.
+        // More rows than the sweeps take (above; at 1-4 rows off the AMX tiles the sweeps take
+        // every pair, so this sees at least 5 rows): row tiles of at most kA8TileRows (3..6
+        // rows each) over the half pairs, the first decoding (tile_awq_pairs_a8) into panels;
+        // the next block's lines prefetched spread over the tiles.
         const int64_t row_tiles = (rows + kA8TileRows - 1) / kA8TileRows;
         const int64_t calls = row_tiles * 2 * np;
         for (int64_t hp = 0, call = 0; hp < 2 * np; ++hp) {

@@ -48,8 +48,8 @@
 //   taken out of the exact int32 sum by a shift): 16 instructions per 8 zmm, in the "pair
 //   order" of AwqPairTables. 1-4 rows: one strip of the columns per thread, each block read in
 //   sweeps of 8-16 rows across the strip, the int32 sums in L1 (awq_sweep_block_a8); more
-//   rows: the first register tile decodes
-//   into L1 panels of half pairs (tile_awq_pairs_a8), tile_a8 runs the others. An odd last
+//   rows: the first register tile decodes into L1 panels of half pairs (tile_awq_pairs_a8),
+//   tile_a8 runs the others. An odd last
 //   chunk, and every chunk under W4K_A8_AWQ_PAIRS=0: one vpermt2b per output zmm gathers byte
 //   4w + b of the 4 rows (held in two zmm) into a dword, then the low or high nibble is kept
 //   (decode_awq_quad_regs, chunk panel order; awq_rows_a8 at 1-2 rows, tile_awq_a8 above).
@@ -109,10 +109,11 @@ inline int64_t a8_block_size(int64_t group_size) {
 // Up to this many rows per work item Marlin items are fewer and longer (the bandwidth-bound
 // regime).
 constexpr int64_t kA8FewRows = 4;
-// Up to this many rows per work item the AVX-512 path decodes AWQ in registers without L1
-// panels, each pass decoding every quad anew; with more rows a chunk pair's panel is decoded
-// once by its first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with
-// two register passes; 2 rows 15-20 % slower).
+// Up to this many rows per work item the AVX-512 path's vpermt2b decode of AWQ (an item's odd
+// last chunk, every chunk under W4K_A8_AWQ_PAIRS=0) runs in registers without L1 panels, each
+// pass decoding every quad anew; with more rows a chunk pair's panel is decoded once by its
+// first tile (one thread, 4096x11008 rotated: 3-4 rows 7-15 % faster so than with two register
+// passes; 2 rows 15-20 % slower).
 constexpr int64_t kA8AwqRegRows = 2;
 // AWQ on the AVX-512 path: chunk pairs decoded by byte unpacks, up to this many rows in sweeps
 // of whole strips (awq_sweep_block_a8, sums in L1), with more into L1 panels for the register
