@@ -463,8 +463,9 @@ W4K_A8_TARGET __attribute__((noinline)) void awq_sweep_block_a8(
     const int64_t p0 = sub * npairs / subs, p1 = (sub + 1) * npairs / subs;
     const int64_t np = p1 - p0, acc_ld = 128 * np;
     const bool last = sub + 1 == subs;
-    const int32_t* after = last ? words + 4 * nq * ldq : words + 16 * p1;
-    const int64_t after_pairs = last ? (ahead ? npairs / subs : 0) : (sub + 2) * npairs / subs - p1;
+    // (no pointer past the weight when no block follows)
+    const int32_t* after = !last ? words + 16 * p1 : ahead ? words + 4 * nq * ldq : nullptr;
+    const int64_t after_pairs = !last ? (sub + 2) * npairs / subs - p1 : ahead ? npairs / subs : 0;
     for (int64_t i = 0; i < R * acc_ld; i += 16)
       _mm512_store_si512(acc + i, _mm512_setzero_si512());
     const int32_t* w = words + 16 * p0;
