@@ -640,7 +640,7 @@ def main(argv=None):
               f"x best = best same-arithmetic competitor's ms / ours)")
         print(f"{'M':>4} {'method':<22} {'ms':>9} {'wGB/s':>7} {'%bw':>5} {'GFLOP/s':>8} "
               f"{'%peak':>6} {'x best':>7} {'x kai':>6}" + (f" {'loaded ms':>10} {'slowdown':>8}" if loaded else ""))
-        worst = {}  # m -> [(slowdown, name)] of ours, and torch's own
+        worst = {}  # m -> [(slowdown, name)] of every method (loaded runs)
         for m in ms:
             for name, (wb, c, fn) in built.items():
                 t = results[(n, k, name, m)]

@@ -141,21 +141,24 @@ at::Tensor run_w4a8(cpu::W4a8Problem& p, const at::Tensor& a, const int32_t* per
 #endif
     cpu::w4a8_chunks_portable(p, ch0, ch1, m0, m1);
   };
+  const auto run_items = [&] {
+    cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+  };
 #ifdef W4K_HAVE_A8_AVX512
   if (avx512 && cpu::awq_pairs_apply(p)) {
-    // The AWQ chunk pairs (cpu/w4a8_gemm_avx512.h) give every path's bits: this event says
-    // they ran (tests).
+    // The AWQ chunk pairs (cpu/w4a8_gemm_avx512.h) give every path's bits: these events say
+    // they ran, and at 1-4 rows in sweeps (tests).
     RECORD_FUNCTION("w4kernels::awq_gemm_a8[unpack pairs]", std::vector<c10::IValue>());
-    if (cpu::awq_sweep_applies(p, size_m)) {  // and, at 1-4 rows, in sweeps
+    if (cpu::awq_sweep_applies(p, size_m)) {
       RECORD_FUNCTION("w4kernels::awq_gemm_a8[sweeps]", std::vector<c10::IValue>());
-      cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+      run_items();
       return out;
     }
-    cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+    run_items();
     return out;
   }
 #endif
-  cpu::WorkQueue::instance().run(col_items * row_blocks, threads, run_item);
+  run_items();
   return out;
 }
 

@@ -114,10 +114,9 @@ struct Config {
   static constexpr int kStages = kTileK == 128 ? 3 : 4;
   // Blocks per SM that ptxas builds for (__launch_bounds__; 0: none given, ptxas chooses).
   // M <= 16: 4, as many as the shared memory of 64-row k-tiles allows on an H100 (at most 128
-  // registers). Without it ptxas for sm_90
-  // squeezes the 64-row kernels into 80 registers by recomputing the lane's shared addresses
-  // from threadIdx every k-tile (+0.5 instructions per HMMA), and spills the general path for
-  // sm_80.
+  // registers). Without it ptxas for sm_90 squeezes the 64-row kernels into 80 registers by
+  // recomputing the lane's shared addresses from threadIdx every k-tile (+0.5 instructions per
+  // HMMA), and spills the general path for sm_80.
   static constexpr int kMinBlocks = kMTiles > 1 ? 0 : 4;
 
   // One stage in shared memory: B words [kTileK][kBRowWords], A [kTileM][kARowElems] 16-bit,
