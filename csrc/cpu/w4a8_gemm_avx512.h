@@ -382,9 +382,15 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
 // two per thread: 19-22). So at M <= 4 an item is one thread's strip of the columns
 // (w4a8_gemm.cpp), and each block is read in sweeps of awq_sweep_quads_per_sweep(R) quads over
 // sub-strips of at most awq_sweep_pairs(R) chunk pairs, the block's int32 sums kept in L1
-// between sweeps; each sweep prefetches the next one's lines into L1 (without: 0.55-0.8x; L2
-// hints or two sweeps ahead: level). 1.16-1.45x the old kernel at M = 1, 2, 4 on 4096 x 4096,
-// 11008 x 4096, 4096 x 11008 (2 threads, weights rotated, fresh processes alternating). The
+// between sweeps; each sweep prefetches the next one's lines into L2 (without any prefetch:
+// 0.55-0.8x on the AMX Xeon, 0.79-0.93x on the Zen 4). 1.16-1.45x the old kernel at M = 1, 2, 4
+// on 4096 x 4096, 11008 x 4096, 4096 x 11008 (AMX Xeon VM, 2 threads, weights rotated, fresh
+// processes alternating). L2, not L1: on the Xeon (48 KiB of L1) the two hints were level, on
+// the Zen 4 (32 KiB of L1, which the next sweep's lines and the sums overflow: at N = 4096 16
+// KiB of lines per sweep per thread and 8-32 KiB of sums) prefetcht0 evicted lines before their
+// use. Measured 2026-12-02 on the Zen 4 (2 threads, weights rotated, the hints alternating in
+// one process, medians): prefetcht1 over prefetcht0 1.38-1.45x at M = 1 and 2, 1.16-1.17x at
+// M = 4 on 4096 x 4096, 1.12x at M = 2 on 11008 x 4096; prefetcht2 level with prefetcht1. The
 // int32 sums of a block are exact whatever the order, and the epilogue is the chunk-pair one,
 // per block in k order: every path's bits.
 //
@@ -416,9 +422,9 @@ W4K_A8_TARGET inline __attribute__((always_inline)) void awq_sweep_quads(
   for (int64_t pr = 0; pr < npairs; ++pr) {
     const int32_t* wp = words + 16 * pr;
     int32_t* ap = acc + 128 * pr;
-    if (pr < next_pairs) {  // this pair's line of each row of the next sweep, into L1
+    if (pr < next_pairs) {  // this pair's line of each row of the next sweep, into L2
       const char* nx = reinterpret_cast<const char*>(next + 16 * pr);
-      for (int r = 0; r < 4 * kQ; ++r) _mm_prefetch(nx + r * 4 * ldq, _MM_HINT_T0);
+      for (int r = 0; r < 4 * kQ; ++r) _mm_prefetch(nx + r * 4 * ldq, _MM_HINT_T1);
     }
     for (int h = 0; h < 2; ++h) {
       // sums of code zmm 4h .. 4h + 3 (u_2h lo, hi; u_2h+1 lo, hi) of every row
