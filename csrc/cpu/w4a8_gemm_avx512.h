@@ -383,7 +383,7 @@ W4K_A8_TARGET inline void gather_awq_pair_avx512(const W4a8Problem& p, int64_t g
 // (w4a8_gemm.cpp), and each block is read in sweeps of awq_sweep_quads_per_sweep(R) quads over
 // sub-strips of at most awq_sweep_pairs(R) chunk pairs, the block's int32 sums kept in L1
 // between sweeps; each sweep prefetches the next one's lines into L2 (without any prefetch:
-// 0.55-0.8x on the AMX Xeon, 0.79-0.93x on the Zen 4). 1.16-1.45x the old kernel at M = 1, 2, 4
+// 0.55-0.8x on the AMX Xeon, 0.67x at M = 1 and 4 on the Zen 4). 1.16-1.45x the old kernel at M = 1, 2, 4
 // on 4096 x 4096, 11008 x 4096, 4096 x 11008 (AMX Xeon VM, 2 threads, weights rotated, fresh
 // processes alternating). L2, not L1: on the Xeon (48 KiB of L1) the two hints were level, on
 // the Zen 4 (32 KiB of L1, which the next sweep's lines and the sums overflow: at N = 4096 16
