@@ -14,6 +14,7 @@ import torch
 import golden
 from conftest import backend_or_skip, cpu_flags
 from test_w4a16_gemm import OP, call, check_against_reference, make_case
+from test_w4a16_gemm_avx2 import _edge_scales
 from w4kernels import reference
 
 # The decode path is the default at M <= 8 (bf16 and fp16) on an AVX-512 CPU;
@@ -330,4 +331,23 @@ def test_paths_same_bits_every_isa_cancelling_input(monkeypatch, config, dtype, 
     group, zp, bias = {"g16_zp": (16, True, False), "g80": (80, False, False),
                        "chan_zp_bias": (-1, True, True)}[config]
     case = make_case(m, 1040, 192, group, dtype, None, zp, bias, seed=m, cancel=True)
+    _assert_every_path_same_bits(monkeypatch, b, case, dtype)
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_paths_same_bits_every_isa_weight_rounding_edges(monkeypatch, dtype, m):
+    """The weight edges of test_w4a16_gemm_avx2.py (fp16 overflow and subnormals, bf16 denormal
+    and fp32-overflowing products, NaN and infinite scales) through every path this CPU has, the
+    AVX-512 decode path's lookup tables (M <= 8) included: the same bits, NaN included. The
+    tables form (q - z) * s as the other paths do, not as the fma q * s - z * s, which an
+    infinite scale turns into inf - inf = NaN wherever q and z are both nonzero."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 256, 128, 64, dtype, zp=True, seed=11 + m)
+    if dtype == torch.float16:
+        values = [60000.0, -65504.0, 2.0 ** -14, 1.5 * 2.0 ** -17, 3 * 2.0 ** -24, float("nan"),
+                  float("inf")]
+    else:
+        values = [1e-39, -3e-39, 2.0 ** -130, 1e38, float("nan"), float("-inf")]
+    _edge_scales(case, values)
     _assert_every_path_same_bits(monkeypatch, b, case, dtype)
