@@ -118,10 +118,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
   const __m512i high_halves = _mm512_load_si512(half_idx[0]);
   const __m512i low_halves = _mm512_load_si512(half_idx[1]);
   for (int cb = 0; cb < 16; ++cb) {  // cb = 2c + b2
-    // (q - z) * s in the other paths' order: q - z is an exact small integer and the product
-    // is exact for every finite s (a 5-bit integer times an 8- or 11-bit significand), the
-    // same bits as the fma q * s - z * s, while an inf or NaN scale gives what the portable
-    // loop gives (the fma form made inf - inf = NaN where q == z). Also the faster of the
+    // (q - z) * s in the other paths' order: q - z is an exact small integer, so the one
+    // rounding is the product's, the same bits as the fma q * s - z * s for every finite s;
+    // an infinite scale gives what the portable loop gives (NaN only where q == z; the fma
+    // form made inf - inf = NaN wherever q and z were both nonzero). Also the faster of the
     // two on the Zen 4 (1.01-1.03x at M = 1): no z * s to form, and sub and mul issue on
     // separate pipes.
     __m512 w[4];
