@@ -60,14 +60,15 @@ constexpr int kRowMaxRows = 3;  // 4 rows' 32 accumulators and x do not fit the 
 constexpr int64_t kRowParamFloats = 8 * 4 * 16;  // per line and group: [j][16 s B, nz B, 16 s A, nz A]
 constexpr int kRowNibbleCol[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble j holds column 8w + c(j)
 
-// Rows up to which the row path runs: on a CPU with AMX-BF16 (the Intel cores it was measured
-// on) kRowRowsAmx, elsewhere none: on the Zen 4 VM (vpermw one fast instruction) it ran 0.76-0.82x
-// the lookup path at M = 1 on the three shapes and 0.78x at M = 2 on 11008 x 4096 (2026-12-03; 2
+// Rows up to which the row path runs: on a CPU with AMX-BF16 (the Intel cores it was measured on)
+// kRowRowsAmx, elsewhere none: on the Zen 4 VM (vpermw one fast instruction) it ran 0.76-0.82x the
+// lookup path at M = 1 on the three shapes and 0.78x at M = 2 on 11008 x 4096 (2026-12-03; 2
 // threads, weights rotated, the two alternating in one process; 0.6-0.95x the day before in fresh
-// processes); W4K_AWQ_ROW_ROWS overrides both (tests run the path on any AVX-512 BF16 CPU with it). On the AMX Xeon the tiles with the weights as A, given the same long row
-// runs (awq_gemm_cpu_amx.h amx_t_item_lines), are level with it at M = 1 (0.98-1.05x) and ahead
-// from 2 rows (2 threads, weights rotated, two rounds: M = 2 1.05-1.19x, M = 3 1.17-1.37x on the
-// three shapes), so they take M >= 2 there.
+// processes); W4K_AWQ_ROW_ROWS overrides both (tests run the path on any AVX-512 BF16 CPU with
+// it). On the AMX Xeon the tiles with the weights as A, given the same long row runs
+// (awq_gemm_cpu_amx.h amx_t_item_lines), are level with it at M = 1 (0.98-1.05x) and ahead from 2
+// rows (2 threads, weights rotated, two rounds: M = 2 1.05-1.19x, M = 3 1.17-1.37x on the three
+// shapes), so they take M >= 2 there.
 constexpr int64_t kRowRowsAmx = 1;
 inline int64_t row_path_rows(bool amx) {
   if (const char* env = std::getenv("W4K_AWQ_ROW_ROWS"))
