@@ -21,7 +21,10 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
   tiles' ``TDPBF16PS`` peak (four C tiles, operands held in tile registers).
 
 Per row: median ms, weight GB/s (the format's weight bytes, scales included, over the time) and
-% of the read probe, GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
+% of the read probe (``%bw``) and of the same-rounds read (``%rd``: a read of the shape's int4
+weight bytes, K N / 2, through the read probe's loop on rotated copies, timed as one more method
+in the same rounds, so it shares the methods' moment and their cost of starting the threads;
+its own row, ``read (same rounds)``, precedes each M's rows), GFLOP/s (2 M N K) and % of the peak of the row's arithmetic (bf16 dot for
 bf16 rows, fp32 FMA for fp32/fp16 rows and ORT level 0, int8 dot for int8 rows; "NN%a": of the
 AMX peak, for our rows that run on AMX tiles, counting the four tile products per product of
 the fp16 split), and for our rows the ratio to the fastest competitor of the same arithmetic
@@ -48,14 +51,19 @@ they fell in. The loaded figure is therefore the mean of ``--load-repeats`` roun
 repeat calls each method once, in an order shuffled per round (see ``time_rounds``), so a slow
 stretch of a noisy machine (the Zen 5 VM of 2026-12-01 moved 1.5-2x within minutes) falls on
 all of them alike and the ratios stay same-moment ratios; ``--order blocks`` times each
-method's repeats back to back (the order of the runs quoted in the README before 2026-12-01).
+method's repeats back to back (the order of the runs quoted in the README before 2026-12-01);
+``--order warm-rounds`` is ``rounds`` with each timed call right after an untimed call of the
+same method on another weight copy: a GEMM that follows a GEMM, as in a model's layer. On a VM
+whose idle vCPUs sleep in the host (2026-12-03: a worker woken after a 5 ms idle stretch first ran
+a median 156 us later, p90 4 ms), a call that follows another library's call or an idle gap
+pays for waking threads, and the default order charges that to every method in every round.
 The loaded phase of ``--background-load`` always runs in rounds.
 
 ``OMP_WAIT_POLICY=PASSIVE`` is set (as in bench_kleidiai.py) unless already set.
 
     PYTHONPATH=$PWD/python python benchmarks/bench_cpu_gemm.py [--quick] [--threads 2]
         [--background-load 2] [--isa avx2,scalar] [--ms 1,4,16,64,256] [--shapes 4096x4096,11008x4096,4096x11008]
-        [--order rounds|blocks]
+        [--order rounds|warm-rounds|blocks]
 """
 
 import argparse
@@ -196,18 +204,30 @@ static double read_range(const float* p, int64_t n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-// Seconds to read the whole tensor once, each thread a contiguous share (64-float multiples).
+// Seconds to read the whole tensor once, each thread a contiguous share (64-float multiples),
+// timed from the moment the last thread has started (a spin barrier) to the last one's end: the
+// read alone, not the thread pool's start (which on a VM whose idle vCPUs sleep in the host can
+// cost more than a 10 MB read).
 double read_seconds(torch::Tensor a) {
+  using clock = std::chrono::steady_clock;
   const float* p = a.data_ptr<float>();
   const int64_t n = a.numel(), nt = at::get_num_threads();
   const int64_t share = (n / nt) / 64 * 64;
   std::atomic<double> sink{0};
-  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int64_t> arrived{0}, start_ns{0}, end_ns{0};
   at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
+    // each thread of the team runs one chunk of the nt shares at once (a chunk of several when
+    // the team is smaller, all of them when the call runs inline): the last to start opens it
+    if (arrived.fetch_add(e - b) + (e - b) == nt)
+      start_ns.store(clock::now().time_since_epoch().count());
+    while (start_ns.load() == 0) _mm_pause();
     for (int64_t i = b; i < e; ++i) sink.store(read_range(p + i * share, share));
+    const int64_t t = clock::now().time_since_epoch().count();
+    int64_t prev = end_ns.load();
+    while (prev < t && !end_ns.compare_exchange_weak(prev, t)) {}
   });
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-         0.0 * sink.load();
+  const int64_t ticks = end_ns.load() - start_ns.load();
+  return std::chrono::duration<double>(clock::duration(ticks)).count() + 0.0 * sink.load();
 }
 """
 
@@ -229,14 +249,18 @@ def load_probes():
         return None
 
 
-def time_rounds(calls, repeats, stat=statistics.median):
+def time_rounds(calls, repeats, stat=statistics.median, warm=False):
     """Median (or `stat`) seconds per key of calls {key: (fn, copies)}: each fn called once
     first, then `repeats` rounds that call every fn once, in an order shuffled per round (a fixed
     seed), so that no method always follows the same one: the call after another library's
     (ORT's or torch's thread pool) finds our sleeping worker cold, and in a fixed order that cost
     fell on one method every round (2026-12-02, 4096 x 4096 M = 1: our KleidiAI path 0.63 ms
     right after ORT, 0.50-0.53 elsewhere in the round). Call i of a fn uses copy (i + 1) %
-    copies."""
+    copies. warm (--order warm-rounds): each timed call right after an untimed call of the same
+    fn on copy (i + 1 + copies // 2) % copies (another copy where there are two or more, last
+    touched copies // 2 rounds before, so the timed call still streams its weight from memory):
+    a GEMM that follows a GEMM, as in a model's layer, instead of one that follows another
+    library's call or an idle stretch."""
     for fn, _ in calls.values():
         fn(0)
     ts = {key: [] for key in calls}
@@ -246,6 +270,8 @@ def time_rounds(calls, repeats, stat=statistics.median):
         shuffle(order)
         for key in order:
             fn, copies = calls[key]
+            if warm:
+                fn((i + 1 + copies // 2) % copies)
             t0 = time.perf_counter()
             fn((i + 1) % copies)
             ts[key].append(time.perf_counter() - t0)
@@ -421,6 +447,8 @@ def m_ort(k, n, gen, quick, accuracy_level, threads):
 # ---- the table ---------------------------------------------------------------------------------
 
 # name -> (arithmetic, activation kind, ours)
+READ = "read (same rounds)"  # the same-rounds read of each point (module docstring: %rd)
+
 METHODS = {
     "awq_gemm bf16": ("bf16", "bf16", True),
     "awq_gemm fp16": ("fp32", "fp16", True),
@@ -552,9 +580,11 @@ def main(argv=None):
                     help="also time every point while P busy processes run; print slowdowns")
     ap.add_argument("--load-repeats", type=int, default=60, metavar="R",
                     help="rounds per point under --background-load (their mean is taken)")
-    ap.add_argument("--order", choices=["rounds", "blocks"], default="rounds",
+    ap.add_argument("--order", choices=["rounds", "warm-rounds", "blocks"], default="rounds",
                     help="rounds: each repeat calls every method once, in an order shuffled "
-                         "per round (default); blocks: each method's repeats back to back")
+                         "per round (default); warm-rounds: the same, each timed call right "
+                         "after an untimed call of the same method on another weight copy; "
+                         "blocks: each method's repeats back to back")
     ap.add_argument("--isa", default="", metavar="LIST",
                     help="also time awq_gemm, w4a16 and the int8 mode (w4a8, awq_gemm_a8) with "
                          "W4K_CPU_ISA set to each of these (e.g. avx2,scalar; noamx: "
@@ -608,6 +638,10 @@ def main(argv=None):
                 print(f"{name} on {n}x{k}: skipped ({type(e).__name__}: {str(e)[:160]})")
         xs = {m: {kind: activation(kind, m, k, gen) for kind in {METHODS[s][1] for s in built}}
               for m in ms}
+        read_bytes = k * n // 2  # the int4 weight of the shape
+        reads = [torch.ones(read_bytes // 4) for _ in range(n_copies(read_bytes, quick))]
+        read_fn = ((lambda i: probes.read_seconds(reads[i])) if probes is not None else
+                   (lambda i: reads[i].sum()))
         # Every copy of every method called once before any timing: the copies built first
         # have lain untouched while the others were built, and on the VM of 2026-12-02 their
         # first calls after that were 2-5x slow (w4a16 gptq 4096 x 4096 M = 1: 2.5-4.2 ms in
@@ -616,6 +650,8 @@ def main(argv=None):
         for name, (wb, c, fn) in built.items():
             for i in range(c):
                 fn(xs[ms[0]][METHODS[name][1]], i)
+        for i in range(len(reads)):
+            read_fn(i)
         for phase in ["quiet"] + (["loaded"] if args.background_load else []):
             ctx = BackgroundLoad(args.background_load) if phase == "loaded" else None
             if ctx:
@@ -624,10 +660,12 @@ def main(argv=None):
                 for m in ms:
                     calls = {name: ((lambda i, fn=fn, x=xs[m][METHODS[name][1]]: fn(x, i)), c)
                              for name, (wb, c, fn) in built.items()}
+                    if phase == "quiet":
+                        calls[READ] = (read_fn, len(reads))
                     if phase == "loaded":  # the mean: see the module docstring
                         times = time_rounds(calls, load_repeats, stat=statistics.fmean)
-                    elif args.order == "rounds":
-                        times = time_rounds(calls, repeats)
+                    elif args.order in ("rounds", "warm-rounds"):
+                        times = time_rounds(calls, repeats, warm=args.order == "warm-rounds")
                     else:
                         times = {name: timeit(fn, c, repeats) for name, (fn, c) in calls.items()}
                     into = results if phase == "quiet" else loaded
@@ -638,10 +676,14 @@ def main(argv=None):
                     ctx.__exit__(None, None, None)
         print(f"\nN={n} K={k}  (weight GB/s counts the format's weight + scale bytes; "
               f"x best = best same-arithmetic competitor's ms / ours)")
-        print(f"{'M':>4} {'method':<22} {'ms':>9} {'wGB/s':>7} {'%bw':>5} {'GFLOP/s':>8} "
+        print(f"{'M':>4} {'method':<22} {'ms':>9} {'wGB/s':>7} {'%bw':>5} {'%rd':>5} "
+              f"{'GFLOP/s':>8} "
               f"{'%peak':>6} {'x best':>7} {'x kai':>6}" + (f" {'loaded ms':>10} {'slowdown':>8}" if loaded else ""))
         worst = {}  # m -> [(slowdown, name)] of every method (loaded runs)
         for m in ms:
+            t_read = results[(n, k, READ, m)]
+            print(f"{m:>4} {READ:<22} {t_read * 1e3:9.3f} {read_bytes / t_read / 1e9:7.1f} "
+                  f"{100 * read_bytes / t_read / bw:4.0f}%")
             for name, (wb, c, fn) in built.items():
                 t = results[(n, k, name, m)]
                 arith, _, ours = METHODS[name]
@@ -660,8 +702,10 @@ def main(argv=None):
                 kai = "-"
                 if name.split(" @")[0] in INT8_MODE and (n, k, "kleidiai int8", m) in results:
                     kai = f"{results[(n, k, 'kleidiai int8', m)] / t:.2f}"
+                rd = 100 * (wb / t) / (read_bytes / t_read)
                 line = (f"{m:>4} {name:<22} {t * 1e3:9.3f} {wb / t / 1e9:7.1f} "
-                        f"{100 * wb / t / bw:4.0f}% {flops / 1e9:8.1f} {pk:>6} {best:>7} {kai:>6}")
+                        f"{100 * wb / t / bw:4.0f}% {rd:4.0f}% {flops / 1e9:8.1f} {pk:>6} "
+                        f"{best:>7} {kai:>6}")
                 if loaded:
                     tl = loaded[(n, k, name, m)]
                     line += f" {tl * 1e3:10.3f} {tl / t:7.1f}x"
@@ -678,7 +722,7 @@ def main(argv=None):
             print(f"  under load, M = {m}: ours at most {mine[0]:.2f}x ({mine[1]}), torch's "
                   + ", ".join(f"{nm} {sd:.2f}x" for sd, nm in torch_own)
                   + f" (ours lose {verdict} than {yard[1]})")
-        del built, xs
+        del built, xs, reads
 
     # Dispatch rule: the smallest M of the run from which dequantize + matmul wins everywhere.
     if "awq_gemm bf16" in names and "awq dequant+mm" in names:

@@ -11,6 +11,10 @@ Prints, for one thread:
   vpternlogd, a vpermt2w into a 64-entry bf16 table and a vdpbf16ps, on words and tables in L1:
   the rate at which one core can stream Marlin weights through that design, with no memory,
   table builds or loop bookkeeping of the real kernel;
+* the same loop at M = 2, 3 and 4 rows with the kernel's lines per pass (pair_pass_avx512<M,
+  2>: per line four lookups, then per row two activation loads and four vdpbf16ps): per core the
+  weight stream the decode's instructions allow at each M, before memory, table builds and
+  bookkeeping (2026-12-03, Zen 4 VM: 24.8 / 19.4 / 15.4 / 11.6 GB/s at M = 1 / 2 / 3 / 4);
 * the M = 8 decode path's instruction mix per 64-byte line (a line load, four lookups, 16
   activation loads and 32 vdpbf16ps into 16 accumulators, as pair_pass_avx512<8, 1>), on L1
   data with no loop structure around it: the GFLOP/s the instructions allow, against which the
@@ -112,80 +116,71 @@ inline __m512i lookup(__m512i x, int e, __m512i t0, __m512i t1) {
                                    t1);
 }
 
-// The decode path's inner loop for one row: per k-tile 4 lines of 16 words, per line and
-// nibble position a shift, a vpternlogd (index 16j + q), a vpermt2w and a vdpbf16ps.
+// The decode path's inner loop (pair_pass_avx512<MR, NCP>, MR rows, NCP lines of each k-tile
+// per pass): per line four lookups (a shift (none for nibble 0), a vpternlogd (index 16j + q),
+// a vpermt2w), then per row its two activation vectors (loaded) each serving two vdpbf16ps into
+// the line's two accumulators of that row. Words (16 k-tiles), activations (8 k-tiles) and
+// tables stay in L1; no table builds, loop bookkeeping or memory of the real kernel.
+template <int MR, int NCP>
 __attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
-static float decode_loop(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
-                         const uint16_t* tbl) {
-  __m512i t0[8], t1[8];
-  for (int i = 0; i < 8; ++i) {
+static float rows_loop(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
+                       const uint16_t* tbl) {
+  __m512i t0[2 * NCP], t1[2 * NCP];
+  for (int i = 0; i < 2 * NCP; ++i) {
     t0[i] = _mm512_loadu_si512(tbl + 64 * i);
     t1[i] = _mm512_loadu_si512(tbl + 64 * i + 32);
   }
-  __m512 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 acc[MR][2 * NCP];
+  for (int i = 0; i < MR; ++i)
+    for (int c = 0; c < 2 * NCP; ++c) acc[i][c] = _mm512_setzero_ps();
   for (int64_t kt = 0; kt < tiles; ++kt) {
-    const int32_t* w = words + (kt % 64) * 64;
-    const __m512bh a0 = (__m512bh)a_pairs[2 * (kt % 8)], a1 = (__m512bh)a_pairs[2 * (kt % 8) + 1];
+    const __m512i* av = a_pairs + 2 * MR * (kt % 8);
+#pragma GCC unroll 8
+    for (int cc = 0; cc < NCP; ++cc) {
+      const __m512i x = _mm512_loadu_si512(words + 128 * (kt % 16) + 16 * cc);
+      __m512i wv[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) {
-      const __m512i x = _mm512_loadu_si512(w + 16 * c);
-#pragma GCC unroll 4
-      for (int e = 0; e < 4; ++e) {
-        const __m512i v = lookup(x, e, t0[2 * c + (e >> 1)], t1[2 * c + (e >> 1)]);
-        acc[2 * c + (e & 1)] = _mm512_dpbf16_ps(acc[2 * c + (e & 1)], (e & 1) ? a1 : a0, (__m512bh)v);
+      for (int e = 0; e < 4; ++e)
+        wv[e] = lookup(x, e, t0[2 * cc + (e >> 1)], t1[2 * cc + (e >> 1)]);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
+        const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
+        acc[i][2 * cc] = _mm512_dpbf16_ps(acc[i][2 * cc], a0, (__m512bh)wv[0]);
+        acc[i][2 * cc + 1] = _mm512_dpbf16_ps(acc[i][2 * cc + 1], a0, (__m512bh)wv[2]);
+        acc[i][2 * cc] = _mm512_dpbf16_ps(acc[i][2 * cc], a1, (__m512bh)wv[1]);
+        acc[i][2 * cc + 1] = _mm512_dpbf16_ps(acc[i][2 * cc + 1], a1, (__m512bh)wv[3]);
       }
     }
   }
   float s = 0;
-  for (int i = 0; i < 8; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  for (int i = 0; i < MR; ++i)
+    for (int c = 0; c < 2 * NCP; ++c) s += _mm512_reduce_add_ps(acc[i][c]);
   return s;
 }
 
-// The M = 8 decode path's work on one 64-byte line (pair_pass_avx512<8, 1>): four lookups, then
-// per row its two activation vectors (loaded) each serving two vdpbf16ps. Lines and activations
-// cycle through L1-resident buffers. GFLOP/s (32 vdpbf16ps of 64 flops per line).
-__attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
-static float m8_lines(const int32_t* words, const __m512i* a_pairs, const uint16_t* tbl,
-                      int64_t lines) {
-  __m512i t0[2], t1[2];
-  for (int b = 0; b < 2; ++b) {
-    t0[b] = _mm512_loadu_si512(tbl + 64 * b);
-    t1[b] = _mm512_loadu_si512(tbl + 64 * b + 32);
-  }
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t l = 0; l < lines; ++l) {
-    const __m512i x = _mm512_loadu_si512(words + 16 * (l % 64));
-    const __m512i* av = a_pairs + 16 * (l % 8);
-    __m512i wv[4];
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; ++e) wv[e] = lookup(x, e, t0[e >> 1], t1[e >> 1]);
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
-      const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
-      acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], a0, (__m512bh)wv[0]);
-      acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], a0, (__m512bh)wv[2]);
-      acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], a1, (__m512bh)wv[1]);
-      acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], a1, (__m512bh)wv[3]);
-    }
-  }
-  float s = 0;
-  for (int i = 0; i < 16; ++i) s += _mm512_reduce_add_ps(acc[i]);
-  return s;
-}
-
-double m8_mix_gflops() {
-  std::vector<int32_t> words(64 * 16);
+// Weights per ns of rows_loop for `rows` rows (1, 2, 3, 4 or 8) with the kernel's lines per pass
+// (pair_tiles_avx512: 4 at one row, 2 at 2..4, 1 at 8): 128 weights per line.
+double rows_weights_per_ns(int64_t rows) {
+  std::vector<int32_t> words(16 * 128);
   for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<int32_t>(i * 2654435761u);
-  std::vector<uint16_t> tbl(128, 0x3f80);
+  std::vector<uint16_t> tbl(1024, 0x3f80);
   std::vector<__m512i> a_pairs(8 * 16, _mm512_set1_epi32(0x3f803f80));
-  const int64_t lines = 20000000;
-  auto s = std::chrono::steady_clock::now();
-  const float sink = m8_lines(words.data(), a_pairs.data(), tbl.data(), lines);
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-  return lines * 32 * 64.0 / sec / 1e9 + 0.0 * sink;
+  auto run = [&](auto loop, int64_t ncp) {
+    const int64_t tiles = 40000000 / (ncp * rows);
+    auto s = std::chrono::steady_clock::now();
+    const float sink = loop(words.data(), tiles, a_pairs.data(), tbl.data());
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    return tiles * ncp * 128.0 / sec / 1e9 + 0.0 * sink;
+  };
+  switch (rows) {
+    case 1: return run(rows_loop<1, 4>, 4);
+    case 2: return run(rows_loop<2, 2>, 2);
+    case 3: return run(rows_loop<3, 2>, 2);
+    case 4: return run(rows_loop<4, 2>, 2);
+    case 8: return run(rows_loop<8, 1>, 1);
+  }
+  TORCH_CHECK(false, "rows_weights_per_ns: rows must be 1, 2, 3, 4 or 8, got ", rows);
 }
 
 // ---- the weight traversal of the M <= 4 decode split ---------------------------------------
@@ -323,21 +318,6 @@ double traverse_mem_tables_seconds(const torch::Tensor& w, int64_t tiles, int64_
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
   return sec + 0.0 * sink.load();
 }
-
-// Weights per ns of decode_loop (512 weights per k-tile of 4 lines).
-double decode_weights_per_ns() {
-  std::vector<int32_t> words(64 * 64);
-  for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<int32_t>(i * 2654435761u);
-  std::vector<uint16_t> tbl(1024, 0x3f80);
-  alignas(64) __m512i a_pairs[16];
-  for (int i = 0; i < 16; ++i) a_pairs[i] = _mm512_set1_epi32(0x3f803f80);
-  const int64_t tiles = 4096, reps = 2000;
-  float sink = 0;
-  auto s = std::chrono::steady_clock::now();
-  for (int64_t r = 0; r < reps; ++r) sink += decode_loop(words.data(), tiles, a_pairs, tbl.data());
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-  return tiles * reps * 512.0 / sec / 1e9 + 0.0 * sink;
-}
 """
 
 
@@ -392,7 +372,7 @@ def main():
         return
     torch.set_num_threads(1)
     m = load_inline("w4k_probe_cpu_ops", cpp_sources=_SRC,
-                    functions=["instruction_ns", "decode_weights_per_ns", "m8_mix_gflops",
+                    functions=["instruction_ns", "rows_weights_per_ns",
                                "traverse_seconds", "traverse_mem_tables_seconds"],
                     # lambdas do not take a function's target attribute: the whole probe is
                     # built for this CPU's AVX-512 set (checked above before loading it)
@@ -405,16 +385,20 @@ def main():
     print(f"one thread; a cycle taken as 2 x vpaddd = {cycle:.3f} ns ({1 / cycle:.2f} GHz)")
     for name, ns in rows:
         print(f"  {name:<12} {ns:6.3f} ns  {ns / cycle:5.2f} cycles per instruction")
-    w = max(m.decode_weights_per_ns() for _ in range(3))
+    w = {r: max(m.rows_weights_per_ns(r) for _ in range(3)) for r in (1, 2, 3, 4, 8)}
     print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1): "
-          f"{w:.1f} weights/ns = {w / 2:.1f} GB/s of int4 weight per core, "
-          f"{32 / w / cycle:.2f} cycles per 32 weights")
+          f"{w[1]:.1f} weights/ns = {w[1] / 2:.1f} GB/s of int4 weight per core, "
+          f"{32 / w[1] / cycle:.2f} cycles per 32 weights")
+    print("the same loop at M = 2 / 3 / 4 rows (the kernel's lines per pass; per line four lookups "
+          "and 4 M vdpbf16ps), GB/s of int4 weight per core: "
+          + " / ".join(f"{w[r] / 2:.1f}" for r in (2, 3, 4))
+          + " (times the threads: what the op's instructions allow its weight stream)")
     # the peaks: bench_cpu_gemm.py's probes (vdpbf16ps over independent chains, the AMX tiles),
     # on the one thread set above
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_cpu_gemm
     probes = bench_cpu_gemm.load_probes()
-    g = max(m.m8_mix_gflops() for _ in range(3))
+    g = w[8] * 2 * 8  # weights/ns x 2 flops x 8 rows
     line = (f"M = 8 decode mix (a line load, 4 lookups, 16 activation loads, 32 vdpbf16ps, L1): "
             f"{g:.0f} GFLOP/s per core")
     if probes:

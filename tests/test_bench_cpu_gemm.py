@@ -25,12 +25,21 @@ def _bench(*args):
 def test_bench_cpu_gemm_quick_prints_every_row():
     stdout = _bench()
     rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
-    names = {" ".join(r[1:-7]) for r in rows}
+    names = {" ".join(r[1:-8]) for r in rows}
     for name in ["awq_gemm bf16", "awq_gemm fp16", "w4a16 gptq bf16", "w4a16 awq-zp bf16",
                  "w4a16 act-order bf16", "kleidiai int8", "torch fp32", "torch bf16",
                  "torch int4 bf16", "w4a8 gptq bf16", "w4a8 awq-zp bf16", "awq_gemm_a8 bf16"]:
         assert name in names, stdout
     assert "read bandwidth probe" in stdout and "dispatch rule" in stdout
+    # per M, the same-rounds read first; every method's %rd is its weight GB/s over that read's
+    reads = {r[0]: float(r[5]) for r in rows if r[1:4] == ["read", "(same", "rounds)"]}
+    assert set(reads) == {"1", "16"}, stdout
+    for r in rows:
+        if r[1] == "read":
+            continue
+        rd, wgbs = float(r[-5].rstrip("%")), float(r[-7])
+        assert r[-5].endswith("%") and rd > 0, r
+        assert abs(rd - 100 * wgbs / reads[r[0]]) <= 1 + 0.05 * rd, (r, reads)
     try:
         import onnxruntime  # noqa: F401
         assert "ort acc4" in names, stdout
@@ -56,12 +65,12 @@ def test_bench_cpu_gemm_isa_adds_capped_rows():
     stdout = _bench("--isa", "avx2", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16,"
                     "w4a8 gptq bf16,awq_gemm_a8 bf16,kleidiai int8")
     rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
-    names = {" ".join(r[1:-7]) for r in rows}
+    names = {" ".join(r[1:-8]) for r in rows}
     assert {"awq_gemm bf16 @avx2", "w4a16 gptq bf16 @avx2", "w4a8 gptq bf16 @avx2",
             "awq_gemm_a8 bf16 @avx2"} <= names, stdout
     assert not any("kleidiai" in n and "@" in n for n in names), stdout
     for r in rows:
-        if " ".join(r[1:-7]) in ("w4a8 gptq bf16 @avx2", "awq_gemm_a8 bf16 @avx2"):
+        if " ".join(r[1:-8]) in ("w4a8 gptq bf16 @avx2", "awq_gemm_a8 bf16 @avx2"):
             assert r[-1] != "-", stdout  # x kai
 
 
@@ -89,7 +98,7 @@ def test_bench_cpu_gemm_noamx_rows():
     same paths as the plain rows elsewhere)."""
     stdout = _bench("--isa", "noamx", "--methods", "awq_gemm bf16,w4a16 gptq bf16,torch bf16")
     rows = [line.split() for line in stdout.splitlines() if line[:4].strip() in ("1", "16")]
-    names = {" ".join(r[1:-7]) for r in rows}
+    names = {" ".join(r[1:-8]) for r in rows}
     assert {"awq_gemm bf16 @noamx", "w4a16 gptq bf16 @noamx"} <= names, stdout
 
 
@@ -115,3 +124,42 @@ def test_bench_cpu_gemm_rounds_interleave_the_methods():
     assert len({calls_r[0][0] for calls_r in rounds}) > 1  # not always the same one first
     stdout = _bench("--order", "blocks", "--methods", "awq_gemm bf16,torch bf16")
     assert any(line.split()[:3] == ["1", "awq_gemm", "bf16"] for line in stdout.splitlines()), stdout
+
+
+def test_bench_cpu_gemm_warm_rounds_time_the_call_after_a_call_of_the_same_method():
+    """--order warm-rounds: the rounds of --order rounds, each timed call right after an untimed
+    call of the same method on another copy (last touched copies // 2 rounds before), so what is
+    timed follows a call of its own method, never another's; with one copy both use it."""
+    bench = _bench_module()
+    log = []
+    copies = {"a": 4, "b": 1, "c": 5}
+    clock = [0.0]
+    real = bench.time.perf_counter
+    bench.time.perf_counter = lambda: clock[0]
+    try:
+        def call(k, i):
+            log.append((k, i))
+            clock[0] += 1.0 if len(log) % 2 == 1 else 100.0  # warm (even) 100 s, timed 1 s
+        calls = {k: ((lambda i, k=k: call(k, i)), c) for k, c in copies.items()}
+        repeats = 6
+        t = bench.time_rounds(calls, repeats=repeats, warm=True)
+    finally:
+        bench.time.perf_counter = real
+    assert log[:3] == [("a", 0), ("b", 0), ("c", 0)]
+    body = log[3:]
+    assert len(body) == 2 * 3 * repeats
+    firsts = []
+    for r in range(repeats):
+        pairs = [body[6 * r + 2 * j: 6 * r + 2 * j + 2] for j in range(3)]
+        for (kw, iw), (kt, it) in pairs:
+            assert kw == kt, pairs
+            assert it == (r + 1) % copies[kt]
+            assert iw == (r + 1 + copies[kt] // 2) % copies[kt]
+            assert iw != it or copies[kt] == 1
+        firsts.append(pairs[0][0][0])
+    assert len(set(firsts)) > 1  # still shuffled per round
+    # only the timed calls count (the clock moves 1 s per timed call, 100 s per warm one)
+    assert t == {"a": 1.0, "b": 1.0, "c": 1.0}, t
+    stdout = _bench("--order", "warm-rounds", "--methods", "awq_gemm bf16")
+    rows = [line.split()[:3] for line in stdout.splitlines()]
+    assert ["1", "awq_gemm", "bf16"] in rows, stdout
