@@ -14,7 +14,10 @@ Prints, for one thread:
 * the same loop at M = 2, 3 and 4 rows with the kernel's lines per pass (pair_pass_avx512<M,
   2>: per line four lookups, then per row two activation loads and four vdpbf16ps): per core the
   weight stream the decode's instructions allow at each M, before memory, table builds and
-  bookkeeping (2026-12-03, Zen 4 VM: 24.8 / 19.4 / 15.4 / 11.6 GB/s at M = 1 / 2 / 3 / 4);
+  bookkeeping (2026-12-03, Zen 4 VM: 24.8 / 19.4 / 15.4 / 11.6 GB/s at M = 1 / 2 / 3 / 4), and
+  the fp16 decode's loop likewise (pair_pass_avx512<M, 2 or 1, kFp16>: per 32 weights two
+  vpermt2w into the tables of the fp32 weight's high and low halves, two vpunpck, per row an
+  activation load and two FMAs);
 * the M = 8 decode path's instruction mix per 64-byte line (a line load, four lookups, 16
   activation loads and 32 vdpbf16ps into 16 accumulators, as pair_pass_avx512<8, 1>), on L1
   data with no loop structure around it: the GFLOP/s the instructions allow, against which the
@@ -159,12 +162,63 @@ static float rows_loop(const int32_t* words, int64_t tiles, const __m512i* a_pai
   return s;
 }
 
-// Weights per ns of rows_loop for `rows` rows (1, 2, 3, 4 or 8) with the kernel's lines per pass
-// (pair_tiles_avx512: 4 at one row, 2 at 2..4, 1 at 8): 128 weights per line.
-double rows_weights_per_ns(int64_t rows) {
+// The fp16 decode's inner loop (pair_pass_avx512<MR, NCP, kFp16>): per line and nibble position
+// the index (shift, vpternlogd), two vpermt2w (the high and low 16 bits of the fp32 weight, from
+// two 64-entry tables), two vpunpck (the 16 fp32 weights of each half of the lanes), then per
+// row one activation load (fp32) and two FMAs.
+template <int MR, int NCP>
+__attribute__((target("avx512f,avx512bw"), noipa))
+static float rows_loop_fp16(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
+                            const uint16_t* tbl) {
+  __m512i h0[2 * NCP], h1[2 * NCP], l0[2 * NCP], l1[2 * NCP];
+  for (int i = 0; i < 2 * NCP; ++i) {
+    h0[i] = _mm512_loadu_si512(tbl + 128 * i);
+    h1[i] = _mm512_loadu_si512(tbl + 128 * i + 32);
+    l0[i] = _mm512_loadu_si512(tbl + 128 * i + 64);
+    l1[i] = _mm512_loadu_si512(tbl + 128 * i + 96);
+  }
+  __m512 acc[MR][2 * NCP][2];
+  for (int i = 0; i < MR; ++i)
+    for (int c = 0; c < 2 * NCP; ++c) acc[i][c][0] = acc[i][c][1] = _mm512_setzero_ps();
+  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
+  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
+      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
+  for (int64_t kt = 0; kt < tiles; ++kt) {
+    const __m512i* av = a_pairs + 2 * MR * (kt % 8);
+#pragma GCC unroll 8
+    for (int cc = 0; cc < NCP; ++cc) {
+      const __m512i x = _mm512_loadu_si512(words + 128 * (kt % 16) + 16 * cc);
+#pragma GCC unroll 4
+      for (int e = 0; e < 4; ++e) {
+        const __m512i sh = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
+        const __m512i idx = _mm512_ternarylogic_epi32(sh, code_mask, col_bits, 0xea);
+        const int cb = 2 * cc + (e >> 1);
+        const __m512i wv = _mm512_permutex2var_epi16(h0[cb], idx, h1[cb]);
+        const __m512i wl = _mm512_permutex2var_epi16(l0[cb], idx, l1[cb]);
+        const __m512 u0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(wl, wv));
+        const __m512 u1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(wl, wv));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          const __m512 a = _mm512_castsi512_ps(_mm512_loadu_si512(av + 2 * i + (e & 1)));
+          acc[i][cb][0] = _mm512_fmadd_ps(a, u0, acc[i][cb][0]);
+          acc[i][cb][1] = _mm512_fmadd_ps(a, u1, acc[i][cb][1]);
+        }
+      }
+    }
+  }
+  float s = 0;
+  for (int i = 0; i < MR; ++i)
+    for (int c = 0; c < 2 * NCP; ++c)
+      s += _mm512_reduce_add_ps(_mm512_add_ps(acc[i][c][0], acc[i][c][1]));
+  return s;
+}
+
+// Weights per ns of rows_loop (fp16: rows_loop_fp16) for `rows` rows (1, 2, 3, 4 or 8; fp16
+// 1..4) with the kernel's lines per pass (pair_tiles_avx512): 128 weights per line.
+double rows_weights_per_ns(int64_t rows, bool fp16) {
   std::vector<int32_t> words(16 * 128);
   for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<int32_t>(i * 2654435761u);
-  std::vector<uint16_t> tbl(1024, 0x3f80);
+  std::vector<uint16_t> tbl(2048, 0x3f80);
   std::vector<__m512i> a_pairs(8 * 16, _mm512_set1_epi32(0x3f803f80));
   auto run = [&](auto loop, int64_t ncp) {
     const int64_t tiles = 40000000 / (ncp * rows);
@@ -173,6 +227,15 @@ double rows_weights_per_ns(int64_t rows) {
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
     return tiles * ncp * 128.0 / sec / 1e9 + 0.0 * sink;
   };
+  if (fp16) {  // the kernel's lines per pass for fp16: 2 at one row, 1 at 2..4
+    switch (rows) {
+      case 1: return run(rows_loop_fp16<1, 2>, 2);
+      case 2: return run(rows_loop_fp16<2, 1>, 1);
+      case 3: return run(rows_loop_fp16<3, 1>, 1);
+      case 4: return run(rows_loop_fp16<4, 1>, 1);
+    }
+    TORCH_CHECK(false, "rows_weights_per_ns: fp16 rows must be 1..4, got ", rows);
+  }
   switch (rows) {
     case 1: return run(rows_loop<1, 4>, 4);
     case 2: return run(rows_loop<2, 2>, 2);
@@ -385,7 +448,8 @@ def main():
     print(f"one thread; a cycle taken as 2 x vpaddd = {cycle:.3f} ns ({1 / cycle:.2f} GHz)")
     for name, ns in rows:
         print(f"  {name:<12} {ns:6.3f} ns  {ns / cycle:5.2f} cycles per instruction")
-    w = {r: max(m.rows_weights_per_ns(r) for _ in range(3)) for r in (1, 2, 3, 4, 8)}
+    w = {r: max(m.rows_weights_per_ns(r, False) for _ in range(3)) for r in (1, 2, 3, 4, 8)}
+    w16 = {r: max(m.rows_weights_per_ns(r, True) for _ in range(3)) for r in (1, 2, 3, 4)}
     print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1): "
           f"{w[1]:.1f} weights/ns = {w[1] / 2:.1f} GB/s of int4 weight per core, "
           f"{32 / w[1] / cycle:.2f} cycles per 32 weights")
@@ -393,6 +457,9 @@ def main():
           "and 4 M vdpbf16ps), GB/s of int4 weight per core: "
           + " / ".join(f"{w[r] / 2:.1f}" for r in (2, 3, 4))
           + " (times the threads: what the op's instructions allow its weight stream)")
+    print("the fp16 decode loop (per 32 weights two vpermt2w, two vpunpck, per row two FMAs) at "
+          "M = 1 / 2 / 3 / 4, GB/s of int4 weight per core: "
+          + " / ".join(f"{w16[r] / 2:.1f}" for r in (1, 2, 3, 4)))
     # the peaks: bench_cpu_gemm.py's probes (vdpbf16ps over independent chains, the AMX tiles),
     # on the one thread set above
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
