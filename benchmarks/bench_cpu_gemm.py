@@ -206,8 +206,9 @@ static double read_range(const float* p, int64_t n) {
 
 // Seconds to read the whole tensor once, each thread a contiguous share (64-float multiples),
 // timed from the moment the last thread has started (a spin barrier) to the last one's end: the
-// read alone, not the thread pool's start (which on a VM whose idle vCPUs sleep in the host can
-// cost more than a 10 MB read).
+// read alone, not the thread pool's start (on a VM whose idle vCPUs sleep in the host, a wake-up
+// of up to 4 ms, a fifth of the 512 MiB probe). The same-rounds read (%rd) is timed around the
+// call by time_rounds, so it pays the start as the methods do.
 double read_seconds(torch::Tensor a) {
   using clock = std::chrono::steady_clock;
   const float* p = a.data_ptr<float>();

@@ -106,17 +106,22 @@ W4K_TARGET std::vector<std::pair<std::string, double>> instruction_ns() {
   return r;
 }
 
-// The decode's lookup of nibble position e of the words x: a shift (none for e = 0), a
-// vpternlogd (index 16j + q: the code, and j = lane % 4 in bits 4..5) and a vpermt2w into the
-// 64-entry table (t0, t1).
+// The decode's table index of nibble position e of the words x: a shift (none for e = 0) and a
+// vpternlogd (index 16j + q: the code, and j = lane % 4 in bits 4..5).
 __attribute__((target("avx512f,avx512bw"), always_inline))
-inline __m512i lookup(__m512i x, int e, __m512i t0, __m512i t1) {
+inline __m512i pair_index(__m512i x, int e) {
   const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
   const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
       0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
   const __m512i s = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
-  return _mm512_permutex2var_epi16(t0, _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea),
-                                   t1);
+  return _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
+}
+
+// The decode's lookup of nibble position e: its index and a vpermt2w into the 64-entry table
+// (t0, t1).
+__attribute__((target("avx512f,avx512bw"), always_inline))
+inline __m512i lookup(__m512i x, int e, __m512i t0, __m512i t1) {
+  return _mm512_permutex2var_epi16(t0, pair_index(x, e), t1);
 }
 
 // The decode path's inner loop (pair_pass_avx512<MR, NCP>, MR rows, NCP lines of each k-tile
@@ -180,9 +185,6 @@ static float rows_loop_fp16(const int32_t* words, int64_t tiles, const __m512i* 
   __m512 acc[MR][2 * NCP][2];
   for (int i = 0; i < MR; ++i)
     for (int c = 0; c < 2 * NCP; ++c) acc[i][c][0] = acc[i][c][1] = _mm512_setzero_ps();
-  const __m512i code_mask = _mm512_set1_epi32(0x000f000f);
-  const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
-      0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030, 0, 0x100010, 0x200020, 0x300030);
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const __m512i* av = a_pairs + 2 * MR * (kt % 8);
 #pragma GCC unroll 8
@@ -190,8 +192,7 @@ static float rows_loop_fp16(const int32_t* words, int64_t tiles, const __m512i* 
       const __m512i x = _mm512_loadu_si512(words + 128 * (kt % 16) + 16 * cc);
 #pragma GCC unroll 4
       for (int e = 0; e < 4; ++e) {
-        const __m512i sh = e == 0 ? x : _mm512_srli_epi16(x, 4 * e);
-        const __m512i idx = _mm512_ternarylogic_epi32(sh, code_mask, col_bits, 0xea);
+        const __m512i idx = pair_index(x, e);
         const int cb = 2 * cc + (e >> 1);
         const __m512i wv = _mm512_permutex2var_epi16(h0[cb], idx, h1[cb]);
         const __m512i wl = _mm512_permutex2var_epi16(l0[cb], idx, l1[cb]);
