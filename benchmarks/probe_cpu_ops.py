@@ -59,6 +59,8 @@ _SRC = r"""
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,17 @@ inline __m512i pair_index(__m512i x, int e) {
   return _mm512_ternarylogic_epi32(s, code_mask, col_bits, 0xea);
 }
 
+// The same index with kTop: e = 3 by one vpshldw (AVX512-VBMI2), as the kernel at M <= 3 on a
+// CPU that has it (pair_index_top).
+template <bool kTop>
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline))
+inline __m512i pair_index_k(__m512i x, int e) {
+  if (kTop && e == 3)
+    return _mm512_shldi_epi16(_mm512_setr_epi32(0, 0x10001, 0x20002, 0x30003, 0, 0x10001,
+        0x20002, 0x30003, 0, 0x10001, 0x20002, 0x30003, 0, 0x10001, 0x20002, 0x30003), x, 4);
+  return pair_index(x, e);
+}
+
 // The decode's lookup of nibble position e: its index and a vpermt2w into the 64-entry table
 // (t0, t1).
 __attribute__((target("avx512f,avx512bw"), always_inline))
@@ -124,13 +137,19 @@ inline __m512i lookup(__m512i x, int e, __m512i t0, __m512i t1) {
   return _mm512_permutex2var_epi16(t0, pair_index(x, e), t1);
 }
 
+template <bool kTop>
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline))
+inline __m512i lookup_k(__m512i x, int e, __m512i t0, __m512i t1) {
+  return _mm512_permutex2var_epi16(t0, pair_index_k<kTop>(x, e), t1);
+}
+
 // The decode path's inner loop (pair_pass_avx512<MR, NCP>, MR rows, NCP lines of each k-tile
 // per pass): per line four lookups (a shift (none for nibble 0), a vpternlogd (index 16j + q),
 // a vpermt2w), then per row its two activation vectors (loaded) each serving two vdpbf16ps into
 // the line's two accumulators of that row. Words (16 k-tiles), activations (8 k-tiles) and
 // tables stay in L1; no table builds, loop bookkeeping or memory of the real kernel.
-template <int MR, int NCP>
-__attribute__((target("avx512f,avx512bw,avx512bf16"), noipa))
+template <int MR, int NCP, bool kTop>
+__attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi2"), noipa))
 static float rows_loop(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
                        const uint16_t* tbl) {
   __m512i t0[2 * NCP], t1[2 * NCP];
@@ -149,7 +168,7 @@ static float rows_loop(const int32_t* words, int64_t tiles, const __m512i* a_pai
       __m512i wv[4];
 #pragma GCC unroll 4
       for (int e = 0; e < 4; ++e)
-        wv[e] = lookup(x, e, t0[2 * cc + (e >> 1)], t1[2 * cc + (e >> 1)]);
+        wv[e] = lookup_k<kTop>(x, e, t0[2 * cc + (e >> 1)], t1[2 * cc + (e >> 1)]);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
@@ -171,8 +190,8 @@ static float rows_loop(const int32_t* words, int64_t tiles, const __m512i* a_pai
 // the index (shift, vpternlogd), two vpermt2w (the high and low 16 bits of the fp32 weight, from
 // two 64-entry tables), two vpunpck (the 16 fp32 weights of each half of the lanes), then per
 // row one activation load (fp32) and two FMAs.
-template <int MR, int NCP>
-__attribute__((target("avx512f,avx512bw"), noipa))
+template <int MR, int NCP, bool kTop>
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"), noipa))
 static float rows_loop_fp16(const int32_t* words, int64_t tiles, const __m512i* a_pairs,
                             const uint16_t* tbl) {
   __m512i h0[2 * NCP], h1[2 * NCP], l0[2 * NCP], l1[2 * NCP];
@@ -192,7 +211,7 @@ static float rows_loop_fp16(const int32_t* words, int64_t tiles, const __m512i* 
       const __m512i x = _mm512_loadu_si512(words + 128 * (kt % 16) + 16 * cc);
 #pragma GCC unroll 4
       for (int e = 0; e < 4; ++e) {
-        const __m512i idx = pair_index(x, e);
+        const __m512i idx = pair_index_k<kTop>(x, e);
         const int cb = 2 * cc + (e >> 1);
         const __m512i wv = _mm512_permutex2var_epi16(h0[cb], idx, h1[cb]);
         const __m512i wl = _mm512_permutex2var_epi16(l0[cb], idx, l1[cb]);
@@ -228,21 +247,25 @@ double rows_weights_per_ns(int64_t rows, bool fp16) {
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
     return tiles * ncp * 128.0 / sec / 1e9 + 0.0 * sink;
   };
+  // the kernel's index form: vpshldw at e = 3 at up to 3 rows where the CPU has VBMI2 and
+  // W4K_CPU_VBMI2 is not 0 (pair_index_top_enabled)
+  const char* env = std::getenv("W4K_CPU_VBMI2");
+  const bool vbmi2 = __builtin_cpu_supports("avx512vbmi2") && !(env && std::strcmp(env, "0") == 0);
   if (fp16) {  // the kernel's lines per pass for fp16: 2 at one row, 1 at 2..4
     switch (rows) {
-      case 1: return run(rows_loop_fp16<1, 2>, 2);
-      case 2: return run(rows_loop_fp16<2, 1>, 1);
-      case 3: return run(rows_loop_fp16<3, 1>, 1);
-      case 4: return run(rows_loop_fp16<4, 1>, 1);
+      case 1: return vbmi2 ? run(rows_loop_fp16<1, 2, true>, 2) : run(rows_loop_fp16<1, 2, false>, 2);
+      case 2: return vbmi2 ? run(rows_loop_fp16<2, 1, true>, 1) : run(rows_loop_fp16<2, 1, false>, 1);
+      case 3: return vbmi2 ? run(rows_loop_fp16<3, 1, true>, 1) : run(rows_loop_fp16<3, 1, false>, 1);
+      case 4: return run(rows_loop_fp16<4, 1, false>, 1);
     }
     TORCH_CHECK(false, "rows_weights_per_ns: fp16 rows must be 1..4, got ", rows);
   }
   switch (rows) {
-    case 1: return run(rows_loop<1, 4>, 4);
-    case 2: return run(rows_loop<2, 2>, 2);
-    case 3: return run(rows_loop<3, 2>, 2);
-    case 4: return run(rows_loop<4, 2>, 2);
-    case 8: return run(rows_loop<8, 1>, 1);
+    case 1: return vbmi2 ? run(rows_loop<1, 4, true>, 4) : run(rows_loop<1, 4, false>, 4);
+    case 2: return vbmi2 ? run(rows_loop<2, 2, true>, 2) : run(rows_loop<2, 2, false>, 2);
+    case 3: return vbmi2 ? run(rows_loop<3, 2, true>, 2) : run(rows_loop<3, 2, false>, 2);
+    case 4: return run(rows_loop<4, 2, false>, 2);
+    case 8: return run(rows_loop<8, 1, false>, 1);
   }
   TORCH_CHECK(false, "rows_weights_per_ns: rows must be 1, 2, 3, 4 or 8, got ", rows);
 }
@@ -451,7 +474,8 @@ def main():
         print(f"  {name:<12} {ns:6.3f} ns  {ns / cycle:5.2f} cycles per instruction")
     w = {r: max(m.rows_weights_per_ns(r, False) for _ in range(3)) for r in (1, 2, 3, 4, 8)}
     w16 = {r: max(m.rows_weights_per_ns(r, True) for _ in range(3)) for r in (1, 2, 3, 4)}
-    print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1): "
+    print(f"bare M = 1 decode loop (shift, vpternlogd, vpermt2w, vdpbf16ps per 32 weights, L1; "
+          f"at M <= 3 nibbles 3 and 7 by one vpshldw where the CPU has VBMI2): "
           f"{w[1]:.1f} weights/ns = {w[1] / 2:.1f} GB/s of int4 weight per core, "
           f"{32 / w[1] / cycle:.2f} cycles per 32 weights")
     print("the same loop at M = 2 / 3 / 4 rows (the kernel's lines per pass; per line four lookups "

@@ -24,9 +24,10 @@ import sys
 
 # Kernels whose inner loops must keep their accumulators in registers.
 PATTERNS = [
-    r"w4k::cpu::pair_pass_avx512<\d+, \d+, (false|true), false, false>",  # bf16 / fp16
-    r"w4k::cpu::pair_pass_avx512<[1-8], 1, false, true, false>",  # no-BF16 form, one line
-    r"w4k::cpu::pair_pass_avx512<\d+, \d+, false, true, true>",   # fma form, split a
+    # bf16 / fp16, with either index form (kTop: VBMI2)
+    r"w4k::cpu::pair_pass_avx512<\d+, \d+, (false|true), false, false, (false|true)>",
+    r"w4k::cpu::pair_pass_avx512<[1-8], 1, false, true, false, false>",  # no-BF16 form, one line
+    r"w4k::cpu::pair_pass_avx512<\d+, \d+, false, true, true, false>",   # fma form, split a
     r"w4k::cpu::micro_bf16_avx512<\d+>",
     r"w4k::cpu::micro_avx512<\d+, (true|false)>",
     r"w4k::cpu::micro_avx2<\d+, \d+, (true|false)>",

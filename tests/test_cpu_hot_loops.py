@@ -55,3 +55,24 @@ def test_checker_flags_a_spilling_loop():
     assert cpu_hot_loops.stack_slots(insns, *loops[0]) == {("0x40", "%rsp"), ("-0x80", "%rbp")}
     one = [(a, t.replace("-0x80(%rbp)", "0x40(%rsp)")) for a, t in insns]
     assert len(cpu_hot_loops.stack_slots(one, *loops[0])) == 1
+
+
+# AVX512-VBMI2 mnemonics (vpshld*/vpshrd* and the byte/word compress/expand).
+VBMI2 = __import__("re").compile(r"^(vpshl?dv?[wdq]|vpshrdv?[wdq]|vpcompress[bw]|vpexpand[bw])\b")
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the checked kernels are x86-64 SIMD code")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump (binutils)")
+def test_vbmi2_only_in_the_top_index_passes():
+    """pair_pass_avx512 is compiled with VBMI2 allowed in every instantiation (one target for
+    the template), but only its kTop ones (pair_index_top, called where the CPU has VBMI2) may
+    hold VBMI2 instructions: anywhere else they would fault on an AVX-512 CPU without it
+    (Skylake-SP, Cascade Lake, Cooper Lake)."""
+    import w4kernels._C as ext
+    users = {name for name, insns in cpu_hot_loops.functions(ext.__file__).items()
+             if any(VBMI2.match(text) for _, text in insns)}
+    top = {n for n in users if "pair_pass_avx512<" in n and n.split(">(")[0].endswith("true")}
+    assert top, "no pair_pass_avx512<..., true> with vpshldw found"
+    assert users == top, "VBMI2 instructions outside the kTop passes: " + "; ".join(
+        n[:120] for n in sorted(users - top))

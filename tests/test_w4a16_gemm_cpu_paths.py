@@ -252,12 +252,19 @@ ISA_ENVS = {
     # the decode path's fma form on a CPU with AVX512-BF16 (the default at 2-4 rows where two
     # FMAs beat a vdpbf16ps; here at every M it takes)
     "avx512-dpbf16-fma": {"W4K_W4A16_FMA_ROWS": "1"},
+    # the decode path at M <= 3 without its VBMI2 index (pair_index_top): the shift and
+    # vpternlogd form every CPU without VBMI2 runs (bf16 here on the vdpbf16ps path, or the
+    # emulated one where the CPU has no BF16; fp16 on its own)
+    "avx512-no-vbmi2": {"W4K_W4A16_FMA_ROWS": "1000", "W4K_CPU_VBMI2": "0"},
 }
 ISA_NEEDS = {"scalar": set(), "avx2": {"avx2", "fma", "f16c"},
              "avx512-fp32": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
              "avx512-dpbf16": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"},
              "avx512-dpbf16-fma": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                                   "avx512_bf16"}}
+                                   "avx512_bf16"},
+             # only a path of its own where the default takes VBMI2
+             "avx512-no-vbmi2": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                                 "avx512_vbmi2"}}
 BLOCKED_CASES = [(torch.bfloat16, 1), (torch.bfloat16, 3), (torch.bfloat16, 4),
                  (torch.float16, 1), (torch.float16, 4), (torch.float16, 5), (torch.float16, 8),
                  (torch.bfloat16, 5), (torch.bfloat16, 8), (torch.bfloat16, 9),

@@ -35,6 +35,9 @@
 
 #include "cpu/dot_form.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #ifdef W4K_HAVE_AVX512_PATH
 
 namespace w4k::cpu {
@@ -213,6 +216,31 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_i
   return _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
 }
 
+// pair_index at e = 3 in one instruction (AVX512-VBMI2): vpshldw by 4 of (col_j : w) shifts the
+// top nibble of each 16-bit half of w down and j (col_j = col_bits >> 4) in above it, the same
+// index as the shift and the vpternlogd. On the Zen 4 the M = 1..3 decode ran 1.02-1.04x faster
+// with it (one of the line's 15 vector instructions less), M = 4 0.97-0.98x (one register more,
+// at a pass that already spills), so pair_tiles_avx512 uses it at up to kPairTopRows rows.
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline)) inline __m512i
+pair_index_top(__m512i w, __m512i col_j) {
+  return _mm512_shldi_epi16(col_j, w, 4);
+}
+constexpr int64_t kPairTopRows = 3;
+
+template <bool kTop>
+__attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline)) inline __m512i
+pair_index_at(__m512i w, int e, __m512i code_mask, __m512i col_bits, __m512i col_j) {
+  return kTop && e == 3 ? pair_index_top(w, col_j) : pair_index(w, e, code_mask, col_bits);
+}
+
+// Whether pair_tiles_avx512 may use pair_index_top: the CPU has AVX512-VBMI2, and
+// W4K_CPU_VBMI2 is not 0 (tests run both index forms on one machine; read at each call).
+inline bool pair_index_top_enabled() {
+  static const bool vbmi2 = __builtin_cpu_supports("avx512vbmi2");
+  const char* env = std::getenv("W4K_CPU_VBMI2");
+  return vbmi2 && !(env && std::strcmp(env, "0") == 0);
+}
+
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
 // the chunk's tables of groups g_first .. (kPairTable entries each).
@@ -224,8 +252,10 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_i
 // kSplitA (with kEmu): a_pairs holds each a vector pre-split into its odd and even fp32 halves
 // (split_a_pairs_avx512), so the fma form costs no split per use (the FMA form on a CPU whose
 // vdpbf16ps is slower than two FMAs, w4a16_fma_min_rows).
-template <int MR, int NCP, bool kFp16, bool kEmu, bool kSplitA = false>
-__attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx512(
+// kTop: e = 3 by pair_index_top (the one instantiation that may hold VBMI2 instructions: the
+// target below lets the compiler use them, so it is called only where pair_index_top_enabled).
+template <int MR, int NCP, bool kFp16, bool kEmu, bool kSplitA = false, bool kTop = false>
+__attribute__((target("avx512f,avx512bw,avx512bf16,f16c,avx512vbmi2"))) void pair_pass_avx512(
     const __m512i* a_pairs, const int32_t* words, int64_t word_stride, int64_t kt0,
     int64_t kt1, const int32_t* prefetch_words, int64_t prefetch_tiles, const uint16_t* tbl,
     const int32_t* tile_group, int64_t g_first, int c0, float* acc) {
@@ -247,6 +277,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
   const __m512i col_bits = _mm512_setr_epi32(0, 0x100010, 0x200020, 0x300030, 0, 0x100010,
                                              0x200020, 0x300030, 0, 0x100010, 0x200020,
                                              0x300030, 0, 0x100010, 0x200020, 0x300030);
+  const __m512i col_j = _mm512_srli_epi32(col_bits, 4);
   // Entries 0..31 and 32..63 of each table (fp16: of the high-half table; low_* of the
   // low-half one).
   __m512i tbl_0[2 * NCP], tbl_1[2 * NCP], low_0[kFp16 ? 2 * NCP : 1], low_1[kFp16 ? 2 * NCP : 1];
@@ -285,9 +316,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         __m512i wv[4];
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e)
-          wv[e] = _mm512_permutex2var_epi16(tbl_0[2 * cc + (e >> 1)],
-                                            pair_index(w, e, code_mask, col_bits),
-                                            tbl_1[2 * cc + (e >> 1)]);
+          wv[e] = _mm512_permutex2var_epi16(
+              tbl_0[2 * cc + (e >> 1)], pair_index_at<kTop>(w, e, code_mask, col_bits, col_j),
+              tbl_1[2 * cc + (e >> 1)]);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
           const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
@@ -337,7 +368,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_pass_avx51
         // the low halves looked up with the same indices, interleaved with the high ones.
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
-          const __m512i idx = pair_index(w, e, code_mask, col_bits);
+          const __m512i idx = pair_index_at<kTop>(w, e, code_mask, col_bits, col_j);
           const int cb = 2 * cc + (e >> 1);
           const __m512i wv = _mm512_permutex2var_epi16(tbl_0[cb], idx, tbl_1[cb]);
           const __m512i wl = _mm512_permutex2var_epi16(low_0[cb], idx, low_1[cb]);
@@ -381,15 +412,20 @@ template <bool kFp16>
 constexpr int64_t kPairRowBlock = kFp16 ? 4 : 8;
 
 // All 8 lines for rows [0, rows) (rows <= kPairRowBlock), in as many passes as the registers
-// need.
+// need. top: pair_index_top_enabled() (used at up to kPairTopRows rows, not by kEmu, whose
+// lookups take pair_index).
 template <bool kFp16, bool kEmu, bool kSplitA = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_tiles_avx512(
     const __m512i* a_pairs, int64_t rows, const int32_t* words, int64_t word_stride,
     int64_t kt0, int64_t kt1, const int32_t* prefetch_words, int64_t prefetch_tiles,
-    const uint16_t* tbl, const int32_t* tile_group, int64_t g_first, float* acc) {
+    const uint16_t* tbl, const int32_t* tile_group, int64_t g_first, float* acc,
+    bool top = false) {
   auto passes = [&](auto mr, auto ncp) {
-    for (int c0 = 0; c0 < 8; c0 += decltype(ncp)::value, prefetch_tiles = 0)
-      pair_pass_avx512<decltype(mr)::value, decltype(ncp)::value, kFp16, kEmu, kSplitA>(
+    constexpr int kMr = decltype(mr)::value, kNcp = decltype(ncp)::value;
+    constexpr bool kMayTop = !kEmu && kMr <= kPairTopRows;
+    for (int c0 = 0; c0 < 8; c0 += kNcp, prefetch_tiles = 0)
+      (kMayTop && top ? pair_pass_avx512<kMr, kNcp, kFp16, kEmu, kSplitA, kMayTop>
+                      : pair_pass_avx512<kMr, kNcp, kFp16, kEmu, kSplitA>)(
           a_pairs, words, word_stride, kt0, kt1, prefetch_words, prefetch_tiles, tbl,
           tile_group, g_first, c0, acc);
   };
@@ -475,6 +511,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
                           per_channel ? s.chan_scale.data() + (ch - ch0) * 64 : nullptr);
   }
   float wtile[16 * 64];
+  const bool top = pair_index_top_enabled();
   int64_t built_first = -1, built_last = -1, groups_per_block = 0;
   for (int64_t kt0 = kt_begin; kt0 < kt_end; kt0 += kTilesPerBlock) {
     const int64_t kt1 = std::min(kt_end, kt0 + kTilesPerBlock);
@@ -550,7 +587,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c"))) void pair_chunks_avx
                           std::min(kPairRowBlock<kFp16>, rows - i0),
                           chunk_words + kt0 * word_stride, word_stride, kt0, kt1,
                           prefetch_words, i0 == 0 ? prefetch_tiles : 0, tbl, tile_group,
-                          g_first, acc + i0 * kAccRow);
+                          g_first, acc + i0 * kAccRow, top);
     }
   }
   for (int64_t ch = ch0; ch < ch1; ++ch) {
