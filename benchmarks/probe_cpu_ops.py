@@ -120,7 +120,7 @@ inline __m512i pair_index(__m512i x, int e) {
 }
 
 // The same index with kTop: e = 3 by one vpshldw (AVX512-VBMI2), as the kernel at M <= 3 on a
-// CPU that has it (pair_index_top).
+// CPU that has it (pair_index_at<true>).
 template <bool kTop>
 __attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline))
 inline __m512i pair_index_k(__m512i x, int e) {

@@ -10,6 +10,7 @@ innermost dot-product loop that stores vectors to more than one stack slot.
 """
 
 import platform
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_checker_flags_a_spilling_loop():
 
 
 # AVX512-VBMI2 mnemonics (vpshld*/vpshrd* and the byte/word compress/expand).
-VBMI2 = __import__("re").compile(r"^(vpshl?dv?[wdq]|vpshrdv?[wdq]|vpcompress[bw]|vpexpand[bw])\b")
+VBMI2 = re.compile(r"^(vpshl?dv?[wdq]|vpshrdv?[wdq]|vpcompress[bw]|vpexpand[bw])\b")
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
@@ -66,7 +67,7 @@ VBMI2 = __import__("re").compile(r"^(vpshl?dv?[wdq]|vpshrdv?[wdq]|vpcompress[bw]
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump (binutils)")
 def test_vbmi2_only_in_the_top_index_passes():
     """pair_pass_avx512 is compiled with VBMI2 allowed in every instantiation (one target for
-    the template), but only its kTop ones (pair_index_top, called where the CPU has VBMI2) may
+    the template), but only its kTop ones (pair_index_at<true>, called where the CPU has VBMI2) may
     hold VBMI2 instructions: anywhere else they would fault on an AVX-512 CPU without it
     (Skylake-SP, Cascade Lake, Cooper Lake)."""
     import w4kernels._C as ext

@@ -252,7 +252,7 @@ ISA_ENVS = {
     # the decode path's fma form on a CPU with AVX512-BF16 (the default at 2-4 rows where two
     # FMAs beat a vdpbf16ps; here at every M it takes)
     "avx512-dpbf16-fma": {"W4K_W4A16_FMA_ROWS": "1"},
-    # the decode path at M <= 3 without its VBMI2 index (pair_index_top): the shift and
+    # the decode path at M <= 3 without its VBMI2 index (pair_index_at<true>): the shift and
     # vpternlogd form every CPU without VBMI2 runs (bf16 here on the vdpbf16ps path, or the
     # emulated one where the CPU has no BF16; fp16 on its own)
     "avx512-no-vbmi2": {"W4K_W4A16_FMA_ROWS": "1000", "W4K_CPU_VBMI2": "0"},

@@ -216,24 +216,22 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512i pair_i
   return _mm512_ternarylogic_epi32(shifted, code_mask, col_bits, 0xea);
 }
 
-// pair_index at e = 3 in one instruction (AVX512-VBMI2): vpshldw by 4 of (col_j : w) shifts the
-// top nibble of each 16-bit half of w down and j (col_j = col_bits >> 4) in above it, the same
-// index as the shift and the vpternlogd. On the Zen 4 the M = 1..3 decode ran 1.02-1.04x faster
-// with it (one of the line's 15 vector instructions less), M = 4 0.97-0.98x (one register more,
-// at a pass that already spills), so pair_tiles_avx512 uses it at up to kPairTopRows rows.
-__attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline)) inline __m512i
-pair_index_top(__m512i w, __m512i col_j) {
-  return _mm512_shldi_epi16(col_j, w, 4);
-}
+// pair_index, with kTop e = 3 in one instruction (AVX512-VBMI2): vpshldw by 4 of (col_j : w)
+// shifts the top nibble of each 16-bit half of w down and j (col_j = col_bits >> 4) in above
+// it, the same index as the shift and the vpternlogd. On the Zen 4 the M = 1..3 decode ran
+// 1.02-1.04x faster with it (one of the line's 15 vector instructions less), M = 4 0.97-0.98x
+// (one register more, at a pass that already spills), so pair_tiles_avx512 uses it at up to
+// kPairTopRows rows.
 constexpr int64_t kPairTopRows = 3;
 
 template <bool kTop>
 __attribute__((target("avx512f,avx512bw,avx512vbmi2"), always_inline)) inline __m512i
 pair_index_at(__m512i w, int e, __m512i code_mask, __m512i col_bits, __m512i col_j) {
-  return kTop && e == 3 ? pair_index_top(w, col_j) : pair_index(w, e, code_mask, col_bits);
+  return kTop && e == 3 ? _mm512_shldi_epi16(col_j, w, 4)
+                        : pair_index(w, e, code_mask, col_bits);
 }
 
-// Whether pair_tiles_avx512 may use pair_index_top: the CPU has AVX512-VBMI2, and
+// Whether pair_tiles_avx512 may use pair_index_at<true>: the CPU has AVX512-VBMI2, and
 // W4K_CPU_VBMI2 is not 0 (tests run both index forms on one machine; read at each call).
 inline bool pair_index_top_enabled() {
   static const bool vbmi2 = __builtin_cpu_supports("avx512vbmi2");
@@ -252,7 +250,7 @@ inline bool pair_index_top_enabled() {
 // kSplitA (with kEmu): a_pairs holds each a vector pre-split into its odd and even fp32 halves
 // (split_a_pairs_avx512), so the fma form costs no split per use (the FMA form on a CPU whose
 // vdpbf16ps is slower than two FMAs, w4a16_fma_min_rows).
-// kTop: e = 3 by pair_index_top (the one instantiation that may hold VBMI2 instructions: the
+// kTop: e = 3 by vpshldw (pair_index_at; the one instantiation that may hold VBMI2 instructions: the
 // target below lets the compiler use them, so it is called only where pair_index_top_enabled).
 template <int MR, int NCP, bool kFp16, bool kEmu, bool kSplitA = false, bool kTop = false>
 __attribute__((target("avx512f,avx512bw,avx512bf16,f16c,avx512vbmi2"))) void pair_pass_avx512(
