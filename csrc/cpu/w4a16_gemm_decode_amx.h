@@ -184,9 +184,11 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_x_tiles_split(const float* a, int64_
 // One step's products with one part's A tiles (a[jl]: 16 rows of 32 bf16): kBlocks = 1: C tile
 // j += A tile j x the x^T tile; kBlocks = 2 (fp16, 9..16 rows, a half of the chunk's columns):
 // C tile 2 jl + b += A tile jl x x^T tile b.
+// Always inlined: the fp16 forms with lo parts call it twice a step, and GCC kept it out of line
+// then (a call through the PLT per part and step; tests/test_cpu_hot_loops.py found it).
 template <int kBlocks>
-W4K_W4A16_AMX_DECODE inline void amx_decode_products(const uint32_t* xt_step,
-                                                     const uint16_t (*a)[16 * 32]) {
+W4K_W4A16_AMX_DECODE __attribute__((always_inline)) inline void amx_decode_products(
+    const uint32_t* xt_step, const uint16_t (*a)[16 * 32]) {
   amx_stores_before_tile_load();  // the stores of a (one step ago) and of xt
   _tile_loadd(6, xt_step, 64);
   if constexpr (kBlocks == 1) {
@@ -335,7 +337,10 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
   auto c_store = [&](const Unit& u) -> float* {
     return cstore.data() + ((u.ch - ch0) * kBlocks + u.pass) * 4 * 256;
   };
-  auto c_start = [&](const Unit& u) {  // the C tiles of u's chunk and pass into tmm0..3
+  // The lambdas carry the target attribute (GCC gives a lambda none of its function's), so that
+  // the tile intrinsics and amx_decode_products inline into them.
+  // c_start: the C tiles of u's chunk and pass into tmm0..3
+  auto c_start = [&](const Unit& u) W4K_W4A16_AMX_DECODE {
     if (u.kb == kt0) {
       _tile_zero(0);
       _tile_zero(1);
@@ -349,7 +354,8 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
     _tile_loadd(2, cs + 512, 64);
     _tile_loadd(3, cs + 768, 64);
   };
-  auto c_finish = [&](const Unit& u) {  // after the last step of u's chunk and pass in u's block
+  // c_finish: after the last step of u's chunk and pass in u's block
+  auto c_finish = [&](const Unit& u) W4K_W4A16_AMX_DECODE {
     if (u.kb + block < kt1) {
       float* cs = c_store(u);
       _tile_stored(0, cs, 64);
@@ -373,7 +379,7 @@ W4K_W4A16_AMX_DECODE inline void amx_decode_chunks_impl(
           part[m * p.size_n + n] = kFp16 ? c_row[m % 8] + c_row[8 + m % 8] : c_row[m];
         }
   };
-  auto products = [&](const Unit& u, int half) {
+  auto products = [&](const Unit& u, int half) W4K_W4A16_AMX_DECODE {
     const uint32_t* xt_step = xt + u.kt / 2 * 256 * kBlocks;
     amx_decode_products<kBlocks>(xt_step, abuf[half][0]);
     if constexpr (kLo) amx_decode_products<kBlocks>(xt_step, abuf[half][kLo]);
