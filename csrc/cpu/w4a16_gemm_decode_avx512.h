@@ -111,6 +111,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
     _mm512_store_ps(z_tab + 16 * o, z);
   }
   const __m512 code = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 code_minus_8 = _mm512_sub_ps(code, _mm512_set1_ps(8.0f));
   // fp16: vpermt2w indices of the high (2k + 1) and low (2k) 16-bit halves of entries k = 0..31
   // of two fp32 vectors.
   alignas(64) int16_t half_idx[2][32];
@@ -127,9 +128,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,fma,f16c"))) void build_pair_
     // form made inf - inf = NaN wherever q and z were both nonzero). Also the faster of the
     // two on the Zen 4 (1.01-1.03x at M = 1): no z * s to form, and sub and mul issue on
     // separate pipes.
+    // Symmetric (z = 8, no zero-point words): q - 8 is one constant vector, no sub per column.
     __m512 w[4];
     for (int j = 0; j < 4; ++j)
-      w[j] = _mm512_mul_ps(_mm512_sub_ps(code, _mm512_set1_ps(z_tab[4 * cb + j])),
+      w[j] = _mm512_mul_ps(z_words ? _mm512_sub_ps(code, _mm512_set1_ps(z_tab[4 * cb + j]))
+                                   : code_minus_8,
                            _mm512_set1_ps(s_tab[4 * cb + j]));
     if constexpr (kFp16 && kSplit) {
       constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
