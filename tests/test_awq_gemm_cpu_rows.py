@@ -3,9 +3,11 @@ the columns in the lanes, summed in the tile path's order, so its bits must be t
 tile path's (chunk_scalar: W4K_CPU_ISA=scalar with the lookups off, W4K_AWQ_LUT_ROWS=0).
 
 It runs by default for bf16 at M = 1 on a CPU with AMX-BF16 (W4K_CPU_AMX=0 turns it off there,
-which is how the other path tests see the lookup path); W4K_AWQ_ROW_ROWS=n runs it at M <= min(n, 3) on
-any CPU with AVX-512 BF16 + VBMI, and the AVX2 and portable paths then sum in the tile order too,
-so the bits agree on every ISA with the knob set. A profiler event names the path, so the tests
+which is how the other path tests see the lookup path) and on an AMD CPU of family 1Ah (Zen 5) or
+later, where it is a choice by the CPU alone, so the AVX2 and portable paths sum in the tile order
+there too whatever W4K_CPU_ISA says (W4K_AWQ_ROW_ROWS=0 turns it off); W4K_AWQ_ROW_ROWS=n runs it
+at M <= min(n, 3) on any CPU with AVX-512 BF16 + VBMI, and the AVX2 and portable paths then sum in
+the tile order too, so the bits agree on every ISA with the knob set. A profiler event names the path, so the tests
 know that it ran rather than the tile path it must agree with.
 """
 
@@ -25,6 +27,27 @@ pytestmark = pytest.mark.skipif(not hasattr(torch.ops.w4kernels, "awq_gemm"),
 EVENT = "w4kernels::awq_gemm[rows]"
 ROW_CPU = {"avx512f", "avx512bw", "avx512_bf16", "avx512vbmi"} <= cpu_flags()
 AMX_CPU = ROW_CPU and {"amx_tile", "amx_bf16"} <= cpu_flags()
+
+
+def _amd_family() -> int:
+    """The CPU family /proc/cpuinfo gives an AMD CPU (0x1A: Zen 5), 0 for any other vendor."""
+    vendor, family = None, 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif key.strip() == "cpu family":
+                    family = int(value)
+                    break
+    except OSError:
+        pass
+    return family if vendor == "AuthenticAMD" else 0
+
+
+# the CPUs where the row path is the default at M = 1 by the CPU alone (awq_gemm_cpu_rows.h)
+ZEN5_CPU = _amd_family() >= 0x1A
 
 
 def _run(monkeypatch, env, threads, x, qw, s, qz, events=None):
@@ -98,7 +121,8 @@ def test_awq_rows_order_on_cancelling_input(monkeypatch, size_m):
     qw, x = _cancelling(qw, x, 64)
     out = _run(monkeypatch, ROWS, 2, x, qw, s, qz)
     assert golden.same_bits(out, _run(monkeypatch, PORTABLE, 2, x, qw, s, qz))
-    lookup = _run(monkeypatch, {"W4K_CPU_ISA": "scalar", "W4K_CPU_AMX": "0"}, 2, x, qw, s, qz)
+    lookup = _run(monkeypatch, {"W4K_CPU_ISA": "scalar", "W4K_CPU_AMX": "0",
+                                "W4K_AWQ_ROW_ROWS": "0"}, 2, x, qw, s, qz)
     assert not golden.same_bits(out, lookup), "the input does not show the order"
 
 
@@ -122,7 +146,9 @@ def test_awq_rows_hostile_scale_takes_the_portable_line(monkeypatch, value):
 
 def test_awq_rows_default_rows(monkeypatch):
     """Where it runs without the knob: bf16 at M = 1 on a CPU with AMX-BF16 (not at 2, not
-    with W4K_CPU_AMX=0, not for fp16, not with an odd group size), nowhere on other CPUs."""
+    with W4K_CPU_AMX=0, not for fp16, not with an odd group size) and on an AMD CPU of family
+    1Ah or later (there W4K_CPU_AMX=0 does not turn it off, W4K_AWQ_ROW_ROWS=0 does, and the
+    AVX2 and portable paths then give its bits), nowhere on other CPUs."""
     if not ROW_CPU:
         pytest.skip("the row path needs AVX-512 (BF16 + VBMI); on this CPU it cannot run")
     monkeypatch.delenv("W4K_AWQ_ROW_ROWS", raising=False)
@@ -132,9 +158,16 @@ def test_awq_rows_default_rows(monkeypatch):
         x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).bfloat16()
         events = []
         _run(monkeypatch, {}, 2, x, qw, s, qz, events)
-        assert (EVENT in events) == (amx and m == 1), m
+        assert (EVENT in events) == ((amx or ZEN5_CPU) and m == 1), m
         events = []
-        _run(monkeypatch, {"W4K_CPU_AMX": "0"}, 2, x, qw, s, qz, events)
+        out = _run(monkeypatch, {"W4K_CPU_AMX": "0"}, 2, x, qw, s, qz, events)
+        assert (EVENT in events) == (ZEN5_CPU and m == 1), m
+        if ZEN5_CPU:  # a choice by the CPU: the other ISAs sum in the same order
+            for isa in ("avx2", "scalar"):
+                got = _run(monkeypatch, {"W4K_CPU_ISA": isa}, 2, x, qw, s, qz)
+                assert golden.same_bits(got, out), (m, isa)
+        events = []
+        _run(monkeypatch, {"W4K_AWQ_ROW_ROWS": "0"}, 2, x, qw, s, qz, events)
         assert EVENT not in events
         events = []
         _run(monkeypatch, {}, 2, x.half(), qw, s.half(), qz, events)

@@ -6,6 +6,8 @@
 // to a kernel), so a test can change it between calls.
 #pragma once
 
+#include <cpuid.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +38,21 @@ inline Isa cpu_isa() {
     if (want < isa) isa = want;
   }
   return isa;
+}
+
+// The CPU family of an AMD x86-64 CPU (cpuid leaf 1: base family, plus the extended family where
+// the base is 0xF; 0x19 Zen 3/4, 0x1A Zen 5), 0 on any other vendor. For path choices measured
+// to differ between such generations (not a feature test: the instructions are the same).
+inline int amd_cpu_family() {
+  static const int family = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u)  // "Auth" of AuthenticAMD
+      return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const int base = (a >> 8) & 0xf;
+    return base == 0xf ? base + static_cast<int>((a >> 20) & 0xff) : base;
+  }();
+  return family;
 }
 
 inline const char* isa_name(Isa isa) {
