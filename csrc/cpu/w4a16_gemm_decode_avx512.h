@@ -242,6 +242,18 @@ inline bool pair_index_top_enabled() {
   return vbmi2 && !(env && std::strcmp(env, "0") == 0);
 }
 
+// Whether pair_pass_avx512 loads each line of words once into a register: without the empty asm
+// there GCC folds the load into every shift, vpshldw and vpternlogd of the line, 3-4 loads of the
+// same 64 bytes per line. Measured on the Zen 5 VM (2026-12-06; the op in one process with and
+// without it alternating, 2 threads, weights rotated past the L3, medians of 9 rounds): bf16 M =
+// 1 / 2 / 3 1.00-1.25 / 1.14-1.19 / 1.04-1.10x on 4096 x 4096, 11008 x 4096 and 4096 x 11008
+// (act-order 1.03-1.08x); at bf16 M = 4 (16 accumulators and 8 table registers already) it made
+// the pass spill (0.76-0.80x one thread, the passes alone), so not there; fp16 0.97-1.05x at M =
+// 1-2 and 0.91-0.96x at 3-4, so not for fp16 either. Not measured for the emulated dot product
+// (kEmu), which keeps the folded loads.
+template <int MR, bool kFp16, bool kEmu>
+constexpr bool kPairLineInRegister = !kEmu && !kFp16 && MR <= 3;
+
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
 // the chunk's tables of groups g_first .. (kPairTable entries each).
@@ -308,7 +320,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c,avx512vbmi2"))) void pai
     const __m512i* av = a_pairs + (kt - kt0) * (kSplitA ? 4 : 2) * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
-      const __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
+      __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
+      if constexpr (kPairLineInRegister<MR, kFp16, kEmu>) __asm__("" : "+v"(w));
       if constexpr (!kFp16 && !kEmu) {
         // The line's four weight vectors first, then per row its two a vectors (h = 0, 1) each
         // serve two of them: half the a loads of one load per vdpbf16ps, which left the loop
