@@ -242,17 +242,22 @@ inline bool pair_index_top_enabled() {
   return vbmi2 && !(env && std::strcmp(env, "0") == 0);
 }
 
-// Whether pair_pass_avx512 loads each line of words once into a register: without the empty asm
-// there GCC folds the load into every shift, vpshldw and vpternlogd of the line, 3-4 loads of the
-// same 64 bytes per line. Measured on the Zen 5 VM (2026-12-06; the op in one process with and
-// without it alternating, 2 threads, weights rotated past the L3, medians of 9 rounds): bf16 M =
-// 1 / 2 / 3 1.00-1.25 / 1.14-1.19 / 1.04-1.10x on 4096 x 4096, 11008 x 4096 and 4096 x 11008
-// (act-order 1.03-1.08x); at bf16 M = 4 (16 accumulators and 8 table registers already) it made
-// the pass spill (0.76-0.80x one thread, the passes alone), so not there; fp16 0.97-1.05x at M =
-// 1-2 and 0.91-0.96x at 3-4, so not for fp16 either. Not measured for the emulated dot product
-// (kEmu), which keeps the folded loads.
-template <int MR, bool kFp16, bool kEmu>
-constexpr bool kPairLineInRegister = !kEmu && !kFp16 && MR <= 3;
+// Whether pair_pass_avx512 loads each line of words once into a register (bf16): without the
+// empty asm there GCC folds the load into every shift, vpshldw and vpternlogd of the line, 3-4
+// loads of the same 64 bytes per line. And whether it takes the line's lookups h outer (from 4
+// rows): the two lookups of h and per row its a vector of h, so that two weight vectors are live
+// instead of four (each accumulator still takes h = 0 first: the same bits); at 4 rows the line's
+// register alone made the pass spill (0.76-0.80x, one thread, the passes alone), with h outer it
+// fits. Measured on the Zen 5 VM (2026-12-06; the op in one process with and without, alternating,
+// 2 threads, weights rotated past the L3, medians of 9 rounds; 4096 x 4096, 11008 x 4096, 4096 x
+// 11008): M = 1 1.00-1.25x, 2 1.14-1.19x, 3 1.04-1.10x (act-order 1.03-1.08x), 4 1.16-1.31x, 5
+// 0.98-1.07x, 6 1.02-1.10x, 7 1.05-1.07x, 8 1.04-1.11x. fp16 measured 0.97-1.05x at M = 1-2 and
+// 0.91-0.96x at 3-4 with the register, so it keeps the folded loads, as does the emulated dot
+// product (kEmu; not measured).
+template <bool kFp16, bool kEmu>
+constexpr bool kPairLineInRegister = !kEmu && !kFp16;
+template <int MR>
+constexpr bool kPairHOuter = MR >= 4;
 
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
@@ -321,28 +326,48 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c,avx512vbmi2"))) void pai
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
       __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
-      if constexpr (kPairLineInRegister<MR, kFp16, kEmu>) __asm__("" : "+v"(w));
+      if constexpr (kPairLineInRegister<kFp16, kEmu>) __asm__("" : "+v"(w));
       if constexpr (!kFp16 && !kEmu) {
-        // The line's four weight vectors first, then per row its two a vectors (h = 0, 1) each
-        // serve two of them: half the a loads of one load per vdpbf16ps, which left the loop
-        // load-bound at 5..8 rows. Each accumulator still takes h = 0 before h = 1 (the order
-        // below, the same bits).
-        __m512i wv[4];
-#pragma GCC unroll 4
-        for (int e = 0; e < 4; ++e)
-          wv[e] = _mm512_permutex2var_epi16(
-              tbl_0[2 * cc + (e >> 1)], pair_index_at<kTop>(w, e, code_mask, col_bits, col_j),
-              tbl_1[2 * cc + (e >> 1)]);
+        // Per row its two a vectors (h = 0, 1) each serve two of the line's four weight vectors:
+        // half the a loads of one load per vdpbf16ps, which left the loop load-bound at 5..8
+        // rows. Each accumulator takes h = 0 before h = 1 in both orders below (the same bits):
+        // from 4 rows h outer (kPairHOuter), else the four weight vectors first.
+        if constexpr (kPairHOuter<MR>) {
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            __m512i wv[2];
+#pragma GCC unroll 2
+            for (int b2 = 0; b2 < 2; ++b2)
+              wv[b2] = _mm512_permutex2var_epi16(
+                  tbl_0[2 * cc + b2],
+                  pair_index_at<kTop>(w, 2 * b2 + h, code_mask, col_bits, col_j),
+                  tbl_1[2 * cc + b2]);
 #pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-          const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
-          const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
-          acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a0, (__m512bh)wv[0]);
-          acc_v[i][2 * cc + 1][0] =
-              _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a0, (__m512bh)wv[2]);
-          acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a1, (__m512bh)wv[1]);
-          acc_v[i][2 * cc + 1][0] =
-              _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a1, (__m512bh)wv[3]);
+            for (int i = 0; i < MR; ++i) {
+              const __m512bh ah = (__m512bh)_mm512_loadu_si512(av + 2 * i + h);
+              acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], ah, (__m512bh)wv[0]);
+              acc_v[i][2 * cc + 1][0] =
+                  _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], ah, (__m512bh)wv[1]);
+            }
+          }
+        } else {
+          __m512i wv[4];
+#pragma GCC unroll 4
+          for (int e = 0; e < 4; ++e)
+            wv[e] = _mm512_permutex2var_epi16(
+                tbl_0[2 * cc + (e >> 1)], pair_index_at<kTop>(w, e, code_mask, col_bits, col_j),
+                tbl_1[2 * cc + (e >> 1)]);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) {
+            const __m512bh a0 = (__m512bh)_mm512_loadu_si512(av + 2 * i);
+            const __m512bh a1 = (__m512bh)_mm512_loadu_si512(av + 2 * i + 1);
+            acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a0, (__m512bh)wv[0]);
+            acc_v[i][2 * cc + 1][0] =
+                _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a0, (__m512bh)wv[2]);
+            acc_v[i][2 * cc][0] = _mm512_dpbf16_ps(acc_v[i][2 * cc][0], a1, (__m512bh)wv[1]);
+            acc_v[i][2 * cc + 1][0] =
+                _mm512_dpbf16_ps(acc_v[i][2 * cc + 1][0], a1, (__m512bh)wv[3]);
+          }
         }
       } else if constexpr (kEmu) {
         // vdpbf16ps without AVX512-BF16: each pair's odd row (high half) then its even row, each
