@@ -242,9 +242,9 @@ inline bool pair_index_top_enabled() {
   return vbmi2 && !(env && std::strcmp(env, "0") == 0);
 }
 
-// Whether pair_pass_avx512 loads each line of words once into a register (bf16): without the
-// empty asm there GCC folds the load into every shift, vpshldw and vpternlogd of the line, 3-4
-// loads of the same 64 bytes per line. And whether it takes the line's lookups h outer (from 4
+// Whether pair_pass_avx512 loads each line of words once into a register (bf16;
+// pair_load_line): otherwise GCC folds the load into every shift, vpshldw and vpternlogd of the
+// line, 3-4 loads of the same 64 bytes per line. And whether it takes the line's lookups h outer (from 4
 // rows): the two lookups of h and per row its a vector of h, so that two weight vectors are live
 // instead of four (each accumulator still takes h = 0 first: the same bits); at 4 rows the line's
 // register alone made the pass spill (0.76-0.80x, one thread, the passes alone), with h outer it
@@ -253,9 +253,21 @@ inline bool pair_index_top_enabled() {
 // 11008): M = 1 1.00-1.25x, 2 1.14-1.19x, 3 1.04-1.10x (act-order 1.03-1.08x), 4 1.16-1.31x, 5
 // 0.98-1.07x, 6 1.02-1.10x, 7 1.05-1.07x, 8 1.04-1.11x. fp16 measured 0.97-1.05x at M = 1-2 and
 // 0.91-0.96x at 3-4 with the register, so it keeps the folded loads, as does the emulated dot
-// product (kEmu; not measured).
+// product (kEmu; not measured). (Measured with an empty asm after the load; the volatile load of
+// pair_load_line compiles to the same loop and timed the same.)
 template <bool kFp16, bool kEmu>
 constexpr bool kPairLineInRegister = !kEmu && !kFp16;
+
+// One line of words; kOnce: by a volatile load, which the compiler may not repeat, so it keeps
+// the line in a register rather than folding the load into each instruction that reads it.
+template <bool kOnce>
+__attribute__((target("avx512f"), always_inline)) inline __m512i pair_load_line(
+    const int32_t* p) {
+  if constexpr (kOnce)
+    return *reinterpret_cast<const volatile __m512i_u*>(p);
+  else
+    return _mm512_loadu_si512(p);
+}
 template <int MR>
 constexpr bool kPairHOuter = MR >= 4;
 
@@ -325,8 +337,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,f16c,avx512vbmi2"))) void pai
     const __m512i* av = a_pairs + (kt - kt0) * (kSplitA ? 4 : 2) * MR;
 #pragma GCC unroll 8
     for (int cc = 0; cc < NCP; ++cc) {
-      __m512i w = _mm512_loadu_si512(wt + 16 * (c0 + cc));
-      if constexpr (kPairLineInRegister<kFp16, kEmu>) __asm__("" : "+v"(w));
+      const __m512i w = pair_load_line<kPairLineInRegister<kFp16, kEmu>>(wt + 16 * (c0 + cc));
       if constexpr (!kFp16 && !kEmu) {
         // Per row its two a vectors (h = 0, 1) each serve two of the line's four weight vectors:
         // half the a loads of one load per vdpbf16ps, which left the loop load-bound at 5..8
