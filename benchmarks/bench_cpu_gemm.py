@@ -143,7 +143,9 @@ double peak_flops(int64_t kind, int64_t iters) {
   auto t0 = std::chrono::steady_clock::now();
   at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const double v = kind == 0 ? chains<0>(iters) : kind == 1 ? chains<1>(iters) : chains<2>(iters);
+      const double v = kind == 0   ? chains<0>(iters)
+                       : kind == 1 ? chains<1>(iters)
+                                   : chains<2>(iters);
       sink.store(v);
     }
   });

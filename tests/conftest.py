@@ -50,13 +50,19 @@ def backend_or_skip(name: str, op: str) -> Backend:
     return b
 
 
-def cpu_flags() -> set:
-    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+def cpuinfo_field(name: str):
+    """The value of the first `name` line of /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    return set((cpuinfo_field("flags") or "").split())

@@ -7,8 +7,8 @@ which is how the other path tests see the lookup path) and on an AMD CPU of fami
 later, where it is a choice by the CPU alone, so the AVX2 and portable paths sum in the tile order
 there too whatever W4K_CPU_ISA says (W4K_AWQ_ROW_ROWS=0 turns it off); W4K_AWQ_ROW_ROWS=n runs it
 at M <= min(n, 3) on any CPU with AVX-512 BF16 + VBMI, and the AVX2 and portable paths then sum in
-the tile order too, so the bits agree on every ISA with the knob set. A profiler event names the path, so the tests
-know that it ran rather than the tile path it must agree with.
+the tile order too, so the bits agree on every ISA with the knob set. A profiler event names the
+path, so the tests know that it ran rather than the tile path it must agree with.
 """
 
 import pytest
@@ -16,7 +16,7 @@ import torch
 from torch.profiler import profile
 
 import golden
-from conftest import cpu_flags
+from conftest import cpu_flags, cpuinfo_field
 from numerics import assert_gemm_close
 from test_awq_gemm_cpu_paths import _awq, _cancelling
 from w4kernels import reference
@@ -31,19 +31,8 @@ AMX_CPU = ROW_CPU and {"amx_tile", "amx_bf16"} <= cpu_flags()
 
 def _amd_family() -> int:
     """The CPU family /proc/cpuinfo gives an AMD CPU (0x1A: Zen 5), 0 for any other vendor."""
-    vendor, family = None, 0
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "vendor_id":
-                    vendor = value.strip()
-                elif key.strip() == "cpu family":
-                    family = int(value)
-                    break
-    except OSError:
-        pass
-    return family if vendor == "AuthenticAMD" else 0
+    family = cpuinfo_field("cpu family")
+    return int(family) if cpuinfo_field("vendor_id") == "AuthenticAMD" and family else 0
 
 
 # the CPUs where the row path is the default at M = 1 by the CPU alone (awq_gemm_cpu_rows.h)

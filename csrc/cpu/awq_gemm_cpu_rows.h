@@ -63,21 +63,20 @@ constexpr int kRowNibbleCol[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble j holds co
 
 // Rows up to which the row path runs: on a CPU with AMX-BF16 (the Intel cores it was measured on)
 // kRowRowsAmx, on an AMD CPU of family 1Ah (Zen 5) or later kRowRowsZen5, elsewhere none: on the
-// Zen 4 VM (vpermw one fast instruction) it ran 0.76-0.82x the
-// lookup path at M = 1 on the three shapes and 0.78x at M = 2 on 11008 x 4096 (2026-12-03; 2
-// threads, weights rotated, the two alternating in one process; 0.6-0.95x the day before in fresh
-// processes); W4K_AWQ_ROW_ROWS overrides both (tests run the path on any AVX-512 BF16 CPU with
-// it). On the AMX Xeon the tiles with the weights as A, given the same long row runs
-// (awq_gemm_cpu_amx.h amx_t_item_lines), are level with it at M = 1 (0.98-1.05x) and ahead from 2
-// rows (2 threads, weights rotated, two rounds: M = 2 1.05-1.19x, M = 3 1.17-1.37x on the three
-// shapes), so they take M >= 2 there.
+// Zen 4 VM (vpermw one fast instruction) it ran 0.76-0.82x the lookup path at M = 1 on the three
+// shapes and 0.78x at M = 2 on 11008 x 4096 (2026-12-03; 2 threads, weights rotated, the two
+// alternating in one process; 0.6-0.95x the day before in fresh processes); W4K_AWQ_ROW_ROWS
+// overrides both (tests run the path on any AVX-512 BF16 CPU with it). On the AMX Xeon the tiles
+// with the weights as A, given the same long row runs (awq_gemm_cpu_amx.h amx_t_item_lines), are
+// level with it at M = 1 (0.98-1.05x) and ahead from 2 rows (2 threads, weights rotated, two
+// rounds: M = 2 1.05-1.19x, M = 3 1.17-1.37x on the three shapes), so they take M >= 2 there.
 // On the Zen 5 VM (AMD family 1Ah, 2026-12-06; 2 threads, weights rotated past the L3, the two
 // alternating in one process, medians of 9 rounds) the row path ran 1.16 / 1.10 / 1.11 / 1.29 /
 // 1.33x the lookup path at M = 1 on 4096 x 4096 / 11008 x 4096 / 4096 x 11008 / 14336 x 4096 /
-// 4096 x 14336 (a second run: 1.36 and 1.04x on the first two), but with W4K_AWQ_ROW_ROWS=3 0.93-0.98x
-// at M = 2 and 0.80-0.86x at M = 3: so on that family and later it takes M = 1 too. The rule looks
-// at the CPU only, not at W4K_CPU_ISA, so that the AVX2 and portable paths sum in the same
-// (tile) order on such a CPU whatever the cap.
+// 4096 x 14336 (a second run: 1.36 and 1.04x on the first two), but with W4K_AWQ_ROW_ROWS=3
+// 0.93-0.98x at M = 2 and 0.80-0.86x at M = 3: so on that family and later it takes M = 1 too.
+// The rule looks at the CPU only, not at W4K_CPU_ISA, so that the AVX2 and portable paths sum in
+// the same (tile) order on such a CPU whatever the cap.
 constexpr int64_t kRowRowsAmx = 1, kRowRowsZen5 = 1;
 inline int64_t row_path_rows(bool amx) {
   if (const char* env = std::getenv("W4K_AWQ_ROW_ROWS"))

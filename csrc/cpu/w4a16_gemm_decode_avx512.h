@@ -244,11 +244,11 @@ inline bool pair_index_top_enabled() {
 
 // Whether pair_pass_avx512 loads each line of words once into a register (bf16;
 // pair_load_line): otherwise GCC folds the load into every shift, vpshldw and vpternlogd of the
-// line, 3-4 loads of the same 64 bytes per line. And whether it takes the line's lookups h outer (from 4
-// rows): the two lookups of h and per row its a vector of h, so that two weight vectors are live
-// instead of four (each accumulator still takes h = 0 first: the same bits); at 4 rows the line's
-// register alone made the pass spill (0.76-0.80x, one thread, the passes alone), with h outer it
-// fits. Measured on the Zen 5 VM (2026-12-06; the op in one process with and without, alternating,
+// line, 3-4 loads of the same 64 bytes per line. And whether it takes the line's lookups h outer
+// (from 4 rows): the two lookups of h and per row its a vector of h, so that two weight vectors
+// are live instead of four (each accumulator still takes h = 0 first: the same bits); at 4 rows
+// the line's register alone made the pass spill (0.76-0.80x, one thread, the passes alone), with h
+// outer it fits. Measured on the Zen 5 VM (2026-12-06; the op in one process with and without, alternating,
 // 2 threads, weights rotated past the L3, medians of 9 rounds; 4096 x 4096, 11008 x 4096, 4096 x
 // 11008): M = 1 1.00-1.25x, 2 1.14-1.19x, 3 1.04-1.10x (act-order 1.03-1.08x), 4 1.16-1.31x, 5
 // 0.98-1.07x, 6 1.02-1.10x, 7 1.05-1.07x, 8 1.04-1.11x. fp16 measured 0.97-1.05x at M = 1-2 and
@@ -257,6 +257,8 @@ inline bool pair_index_top_enabled() {
 // pair_load_line folds no line load either and ran 0.99-1.03x that form, M = 1, 2, 4.)
 template <bool kFp16, bool kEmu>
 constexpr bool kPairLineInRegister = !kEmu && !kFp16;
+template <int MR>
+constexpr bool kPairHOuter = MR >= 4;
 
 // One line of words; kOnce: by a volatile load, which the compiler may not repeat, so it keeps
 // the line in a register rather than folding the load into each instruction that reads it.
@@ -268,8 +270,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i pair_load_line(
   else
     return _mm512_loadu_si512(p);
 }
-template <int MR>
-constexpr bool kPairHOuter = MR >= 4;
 
 // MR rows of a x the columns of lines c0 .. c0 + NCP - 1 over tiles [kt0, kt1) of one chunk.
 // words: the chunk's words of tile kt0; a_pairs: build_a_pairs_avx512 of these MR rows; tbl:
