@@ -248,13 +248,13 @@ inline bool pair_index_top_enabled() {
 // (from 4 rows): the two lookups of h and per row its a vector of h, so that two weight vectors
 // are live instead of four (each accumulator still takes h = 0 first: the same bits); at 4 rows
 // the line's register alone made the pass spill (0.76-0.80x, one thread, the passes alone), with h
-// outer it fits. Measured on the Zen 5 VM (2026-12-06; the op in one process with and without, alternating,
-// 2 threads, weights rotated past the L3, medians of 9 rounds; 4096 x 4096, 11008 x 4096, 4096 x
-// 11008): M = 1 1.00-1.25x, 2 1.14-1.19x, 3 1.04-1.10x (act-order 1.03-1.08x), 4 1.16-1.31x, 5
-// 0.98-1.07x, 6 1.02-1.10x, 7 1.05-1.07x, 8 1.04-1.11x. fp16 measured 0.97-1.05x at M = 1-2 and
-// 0.91-0.96x at 3-4 with the register, so it keeps the folded loads, as does the emulated dot
-// product (kEmu; not measured). (Measured with an empty asm after the load; the volatile load of
-// pair_load_line folds no line load either and ran 0.99-1.03x that form, M = 1, 2, 4.)
+// outer it fits. Measured on the Zen 5 VM (2026-12-06; the op in one process with and without,
+// alternating, 2 threads, weights rotated past the L3, medians of 9 rounds; 4096 x 4096, 11008 x
+// 4096, 4096 x 11008): M = 1 1.00-1.25x, 2 1.14-1.19x, 3 1.04-1.10x (act-order 1.03-1.08x), 4
+// 1.16-1.31x, 5 0.98-1.07x, 6 1.02-1.10x, 7 1.05-1.07x, 8 1.04-1.11x. fp16 measured 0.97-1.05x at
+// M = 1-2 and 0.91-0.96x at 3-4 with the register, so it keeps the folded loads, as does the
+// emulated dot product (kEmu; not measured). (Measured with an empty asm after the load; the
+// volatile load of pair_load_line folds no line load either and ran 0.99-1.03x that form.)
 template <bool kFp16, bool kEmu>
 constexpr bool kPairLineInRegister = !kEmu && !kFp16;
 template <int MR>
