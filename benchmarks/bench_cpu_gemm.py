@@ -15,10 +15,13 @@ copied until the copies total >= 4 x L3, and each call uses the next copy):
   compute, 4 = int8 activations), fp32 activations, spinning workers off, when ``onnxruntime``
   and ``onnx`` are installed (optional: pip install onnxruntime onnx; a line says so when they
   are absent);
-* probes: read bandwidth (an AVX-512 load loop over 512 MiB split over the threads; torch.sum
-  without a compiler), and the peaks of the threads used: fp32 FMA, ``vdpbf16ps`` (bf16 pairs),
-  ``vpdpbusd`` (int8), each 12 independent accumulator chains, and on a CPU with AMX-BF16 the
-  tiles' ``TDPBF16PS`` peak (four C tiles, operands held in tile registers).
+* probes: read bandwidth (an AVX-512 load loop over 512 MiB split over the threads, AVX2
+  loads on a CPU without AVX-512; torch.sum without a compiler), and the peaks of the threads
+  used: fp32 FMA, ``vdpbf16ps`` (bf16 pairs), ``vpdpbusd`` (int8), each 12 independent
+  accumulator chains, and on a CPU with AMX-BF16 the tiles' ``TDPBF16PS`` peak (four C tiles,
+  operands held in tile registers). Without AVX-512 the chains are ymm: fp32 FMA, int8 as the
+  AVX2 kernels multiply (``vpmaddubsw`` + ``vpmaddwd`` + ``vpaddd``, or AVX-VNNI's VEX
+  ``vpdpbusd``), and the bf16 rows, fp32 arithmetic there, count against the fp32 FMA peak.
 
 Per row: median ms, weight GB/s (the format's weight bytes, scales included, over the time) and
 % of the read probe (``%bw``) and of the same-rounds read (``%rd``: a read of the shape's int4
@@ -135,22 +138,69 @@ static double chains(int64_t iters) {
   return _mm512_reduce_add_ps(t);
 }
 
-// Floating-point operations (2 per multiply-add) per second over all threads:
-// kind 0 fp32 FMA (16 MACs/op), 1 vdpbf16ps (32), 2 vpdpbusd (64).
+// The same chains in ymm registers, for a CPU without the AVX-512 set: kind 0 fp32 FMA, kind 2
+// int8 as the AVX2 kernels multiply it (vpmaddubsw, vpmaddwd by ones, vpaddd: 32 MACs per chain
+// step), or one VEX vpdpbusd where the CPU has AVX-VNNI (kAvxVnni).
+template <int kKind, bool kAvxVnni = false>
+__attribute__((target("avx2,fma,avxvnni"), noinline))
+static double chains_avx2(int64_t iters) {
+#define DECL(i) __m256 f##i = _mm256_set1_ps(i); __m256i n##i = _mm256_set1_epi32(i);
+  W4K_12(DECL)
+#undef DECL
+  __m256 a = _mm256_set1_ps(1e-3f), b = _mm256_set1_ps(1e-3f);
+  __m256i ia = _mm256_set1_epi8(3), ib = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
+  __asm__("" : "+x"(a), "+x"(b), "+x"(ia), "+x"(ib), "+x"(ones));
+  for (int64_t it = 0; it < iters; ++it) {
+    if constexpr (kKind == 0) {
+#define OP(i) f##i = _mm256_fmadd_ps(a, b, f##i);
+      W4K_12(OP)
+#undef OP
+    } else if constexpr (kAvxVnni) {
+#define OP(i) n##i = _mm256_dpbusd_avx_epi32(n##i, ia, ib);
+      W4K_12(OP)
+#undef OP
+    } else {
+#define OP(i) n##i = _mm256_add_epi32(n##i, _mm256_madd_epi16(_mm256_maddubs_epi16(ia, ib), ones));
+      W4K_12(OP)
+#undef OP
+    }
+  }
+  __m256 t = _mm256_setzero_ps();
+#define SUM(i) t = _mm256_add_ps(t, kKind == 2 ? _mm256_cvtepi32_ps(n##i) : f##i);
+  W4K_12(SUM)
+#undef SUM
+  alignas(32) float v[8];
+  _mm256_store_ps(v, t);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+static bool avx512_probes() {
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+}
+
+// Floating-point operations (2 per multiply-add) per second over all threads: kind 0 fp32 FMA
+// (16 MACs/op; AVX2: 8), 1 vdpbf16ps (32; 0 without AVX-512 BF16: no bf16 dot), 2 vpdpbusd
+// (64; AVX2: 32 per step).
 double peak_flops(int64_t kind, int64_t iters) {
+  const bool wide = avx512_probes();
+  if (kind == 1 && !wide) return 0.0;
+  const bool vnni = __builtin_cpu_supports("avxvnni");
   const int nt = at::get_num_threads();
   std::atomic<double> sink{0};
   auto t0 = std::chrono::steady_clock::now();
   at::parallel_for(0, nt, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const double v = kind == 0   ? chains<0>(iters)
+      const double v = !wide     ? (kind == 0 ? chains_avx2<0>(iters)
+                                   : vnni     ? chains_avx2<2, true>(iters)
+                                              : chains_avx2<2>(iters))
+                       : kind == 0 ? chains<0>(iters)
                        : kind == 1 ? chains<1>(iters)
                                    : chains<2>(iters);
       sink.store(v);
     }
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int macs = kind == 0 ? 16 : kind == 1 ? 32 : 64;
+  const int macs = (kind == 0 ? 16 : kind == 1 ? 32 : 64) / (wide ? 1 : 2);
   return 2.0 * nt * iters * 12 * macs / s + 0.0 * sink.load();
 }
 
@@ -202,7 +252,7 @@ double amx_peak_flops(int64_t iters) {
 }
 
 __attribute__((target("avx512f"), noinline))
-static double read_range(const float* p, int64_t n) {
+static double read_range_avx512(const float* p, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   for (int64_t i = 0; i + 64 <= n; i += 64) {
     s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
@@ -211,6 +261,24 @@ static double read_range(const float* p, int64_t n) {
     s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+// The same read in ymm loads, 64 floats (four lines) per step, for a CPU without AVX-512.
+__attribute__((target("avx2"), noinline))
+static double read_range_avx2(const float* p, int64_t n) {
+  __m256 s[8];
+  for (auto& v : s) v = _mm256_setzero_ps();
+  for (int64_t i = 0; i + 64 <= n; i += 64)
+    for (int j = 0; j < 8; ++j) s[j] = _mm256_add_ps(s[j], _mm256_load_ps(p + i + 8 * j));
+  for (int j = 1; j < 8; ++j) s[0] = _mm256_add_ps(s[0], s[j]);
+  alignas(32) float v[8];
+  _mm256_store_ps(v, s[0]);
+  return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+
+static double read_range(const float* p, int64_t n) {
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  return wide ? read_range_avx512(p, n) : read_range_avx2(p, n);
 }
 
 // Seconds to read the whole tensor once, each thread a contiguous share (64-float multiples),
@@ -243,10 +311,10 @@ double read_seconds(torch::Tensor a) {
 
 
 def load_probes():
-    """The compiled probes, or None (no compiler / no AVX-512: said once, never invented)."""
+    """The compiled probes, or None (no compiler / no AVX2 + FMA: said once, never invented)."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    if "avx512_bf16" not in flags or "avx512_vnni" not in flags:
-        print("probes: this CPU lacks AVX-512 BF16/VNNI; peaks n/a, bandwidth from torch.sum")
+    if " avx2" not in flags or " fma" not in flags:
+        print("probes: this CPU lacks AVX2/FMA; peaks n/a, bandwidth from torch.sum")
         return None
     from torch.utils.cpp_extension import load_inline
     try:
@@ -627,6 +695,11 @@ def main(argv=None):
         for kind, key in enumerate(["fp32", "bf16", "int8"]):
             probes.peak_flops(kind, 1_000_000)
             peaks[key] = max(probes.peak_flops(kind, 20_000_000) for _ in range(3))
+        if peaks["bf16"] == 0:  # no bf16 dot product: the bf16 rows multiply in fp32 here
+            print("probes: no AVX-512 BF16 on this CPU: bf16 rows are fp32 arithmetic, "
+                  "%peak of the fp32 FMA peak; int8 peak in AVX2 (vpmaddubsw + vpmaddwd, "
+                  "or AVX-VNNI where present)")
+            peaks["bf16"] = peaks["fp32"]
         amx = max(probes.amx_peak_flops(2_000_000) for _ in range(3))
         if amx > 0:
             peaks["amx"] = amx

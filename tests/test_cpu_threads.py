@@ -176,6 +176,7 @@ _STEER_SCRIPT = _FRESH_PREAMBLE + textwrap.dedent("""
     os.environ["W4K_QUEUE"] = "omp"
     expected = call(b, case)
     os.environ["W4K_QUEUE"] = "own"
+    call(b, case)  # the worker starts: at the first job of this call it is not asleep yet
     s0 = ops.cpu_thread_stats()
     out = []
     for _ in range(4):

@@ -109,6 +109,27 @@ def test_avx2_summation_order_on_cancelling_input(monkeypatch, config, m, dtype)
     assert golden.same_bits(per_weight, portable), "AVX2 per-weight decode and portable differ"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 3, 4, 8])
+@pytest.mark.parametrize("config", ["g32_zp", "act_zp"])
+def test_avx2_lookup_bands_of_chunks(monkeypatch, config, m, dtype):
+    """The lookup decode takes up to 8 chunks of 64 columns side by side, k-tile by k-tile (its
+    bands: 8 at M = 1 and 2, fewer as the lane sums grow: bf16 M = 4 5, M = 8 3; fp16 M = 4 3,
+    M = 8 1) within each work item (8 per thread). N = 88 chunks: items of 11 chunks on 1
+    thread (bands 8 + 3 at M = 1), of 5 and 6 on 2; every chunk keeps its own sums, so the bits
+    are the portable path's. The cancelling input makes an order change visible where it can
+    be (no act-order: its tiles that span groups are summed apart)."""
+    b = backend_or_skip("cpu", OP)
+    (_, group), act, zp, bias = CONFIGS[config]
+    case = make_case(m, 1040, 64 * 88, group, dtype, act, zp, bias, seed=40 + m,
+                     cancel=act is None)
+    portable = _run(monkeypatch, b, case, "scalar", 1)
+    avx2_one = _run(monkeypatch, b, case, "avx2", 1)
+    avx2_two = _run(monkeypatch, b, case, "avx2", 2)
+    assert golden.same_bits(avx2_one, portable), "AVX2 (1 thread) and portable paths differ"
+    assert golden.same_bits(avx2_two, portable), "AVX2 (2 threads) and portable paths differ"
+
+
 def _edge_scales(case, values):
     """Overwrites scale entries of group 0 (Marlin-permuted, so the columns they land on do
     not matter: every column goes through the same code)."""

@@ -129,12 +129,14 @@ W4K_W4A16_AVX2 inline void build_lookup_tables_avx2(const float* s64, const floa
   }
 }
 
-// One k-tile of one chunk (words: its 128 words) for MR rows of a (a: row 0's 16 activations
+// One k-tile of one chunk (words: its 128 words; prefetch, unless nullptr: 128 words to fetch,
+// a line per 16 words) for MR rows of a (a: row 0's 16 activations
 // of the tile, rows lda apart), added to the lane sums lanes[MR][lookup_lane_floats]: bf16 slot
 // (c, T, e1) = 8 floats, lane L's 4 lane sums at 4L; fp16 16 floats, lane L's 8 at 8L.
 template <int MR, bool kFp16>
 W4K_W4A16_AVX2 inline void lookup_tile_avx2(const int32_t* words, const uint8_t* tbl,
-                                            const float* a, int64_t lda, float* lanes) {
+                                            const float* a, int64_t lda, float* lanes,
+                                            const int32_t* prefetch) {
   constexpr int kLane = lookup_lane_floats(kFp16);
   const __m256i dword_pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i nib = _mm256_set1_epi16(0x000f);
@@ -153,6 +155,7 @@ W4K_W4A16_AVX2 inline void lookup_tile_avx2(const int32_t* words, const uint8_t*
     }
   }
   for (int c = 0; c < 8; ++c) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(prefetch + 16 * c), _MM_HINT_T0);
     const __m256i p0 = _mm256_permutevar8x32_epi32(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * c)), dword_pairs);
     const __m256i p1 = _mm256_permutevar8x32_epi32(
