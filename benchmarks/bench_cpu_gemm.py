@@ -174,15 +174,14 @@ static double chains_avx2(int64_t iters) {
   return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
 }
 
-static bool avx512_probes() {
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
-}
-
-// Floating-point operations (2 per multiply-add) per second over all threads: kind 0 fp32 FMA
-// (16 MACs/op; AVX2: 8), 1 vdpbf16ps (32; 0 without AVX-512 BF16: no bf16 dot), 2 vpdpbusd
-// (64; AVX2: 32 per step).
+// Floating-point operations (2 per multiply-add) per second over all threads, each kind in
+// zmm where the CPU has its AVX-512 instruction, else in ymm: kind 0 fp32 FMA (16 MACs/op;
+// ymm 8), 1 vdpbf16ps (32; 0 without AVX-512 BF16: no bf16 dot), 2 vpdpbusd (64; ymm 32 per
+// step).
 double peak_flops(int64_t kind, int64_t iters) {
-  const bool wide = avx512_probes();
+  const bool wide = kind == 0   ? __builtin_cpu_supports("avx512f")
+                    : kind == 1 ? __builtin_cpu_supports("avx512bf16")
+                                : __builtin_cpu_supports("avx512vnni");
   if (kind == 1 && !wide) return 0.0;
   const bool vnni = __builtin_cpu_supports("avxvnni");
   const int nt = at::get_num_threads();
@@ -697,8 +696,7 @@ def main(argv=None):
             peaks[key] = max(probes.peak_flops(kind, 20_000_000) for _ in range(3))
         if peaks["bf16"] == 0:  # no bf16 dot product: the bf16 rows multiply in fp32 here
             print("probes: no AVX-512 BF16 on this CPU: bf16 rows are fp32 arithmetic, "
-                  "%peak of the fp32 FMA peak; int8 peak in AVX2 (vpmaddubsw + vpmaddwd, "
-                  "or AVX-VNNI where present)")
+                  "%peak of the fp32 FMA peak")
             peaks["bf16"] = peaks["fp32"]
         amx = max(probes.amx_peak_flops(2_000_000) for _ in range(3))
         if amx > 0:
