@@ -77,3 +77,24 @@ def test_vbmi2_only_in_the_top_index_passes():
     assert top, "no pair_pass_avx512<..., true> with vpshldw found"
     assert users == top, "VBMI2 instructions outside the kTop passes: " + "; ".join(
         n[:120] for n in sorted(users - top))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the checked kernels are x86-64 SIMD code")
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump (binutils)")
+def test_avx2_lookup_fma_only_in_its_fma_rows():
+    """The AVX2 lookup decode's products: lookup_band_row_fma_avx2 (taken where every product is
+    exact) gets its FMAs from GCC contracting the tile's multiply and add, so each instantiation
+    must hold vfmadd and no vmulps (else a compiler that stops contracting would leave it as slow
+    as the other form without any test failing); lookup_order_band_avx2, which runs the other k-tile
+    rows, must hold no FMA (its products may be inexact, and an FMA would change their bits)."""
+    import w4kernels._C as ext
+    funcs = cpu_hot_loops.functions(ext.__file__)
+    fma_rows = {n: i for n, i in funcs.items() if "lookup_band_row_fma_avx2<" in n}
+    bands = {n: i for n, i in funcs.items() if "lookup_order_band_avx2" in n}
+    assert len(fma_rows) == 16 and bands, (sorted(fma_rows), sorted(bands))
+    for name, insns in fma_rows.items():
+        ops = [text.split()[0] for _, text in insns]
+        assert any(o.startswith("vfmadd") for o in ops) and "vmulps" not in ops, name[:100]
+    for name, insns in bands.items():
+        assert not any(text.startswith("vfmadd") for _, text in insns), name[:100]

@@ -141,6 +141,31 @@ def _edge_scales(case, values):
     return case
 
 
+@pytest.mark.parametrize("m", [1, 4])
+def test_avx2_lookup_fma_only_where_products_are_exact(monkeypatch, m):
+    """The lookup decode adds its products by FMA only where every product of a group is exact
+    in fp32 (lookup_products_exact; bf16 products can overflow). Here group 0's scales are 2^120
+    and its activations alternate -2^10, +2^10 (rows 2t, 2t + 1: a lane's first two products),
+    so its products overflow: multiply-then-add gives inf + -inf = NaN wherever a lane sees
+    weights of both signs, an FMA keeps the first inf (inf plus a finite exact product). The
+    other groups are ordinary and take the FMA: the same bits as the portable path and as the
+    AVX2 path without FMA (W4K_W4A16_AVX2_FMA=0), NaN included."""
+    b = backend_or_skip("cpu", OP)
+    case = make_case(m, 256, 128, 64, torch.bfloat16, zp=True, seed=21 + m)
+    _edge_scales(case, [2.0 ** 120] * case["b_scales"].shape[1])
+    a = case["a"].clone()
+    a[:, 0:64:2] = -(2.0 ** 10)
+    a[:, 1:64:2] = 2.0 ** 10
+    case["a"] = a
+    portable = _run(monkeypatch, b, case, "scalar", 1)
+    avx2 = _run(monkeypatch, b, case, "avx2", 2)
+    monkeypatch.setenv("W4K_W4A16_AVX2_FMA", "0")
+    avx2_mul_add = _run(monkeypatch, b, case, "avx2", 2)
+    assert torch.isnan(portable).any()
+    assert golden.same_bits(avx2_mul_add, portable)
+    assert golden.same_bits(avx2, portable), "the FMA ran where a product overflows"
+
+
 @pytest.mark.parametrize("m", [1, 7])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_avx2_weight_rounding_edges(monkeypatch, dtype, m):
