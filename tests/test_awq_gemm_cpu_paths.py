@@ -120,23 +120,36 @@ def test_awq_gemm_cpu_paths_bit_identical(monkeypatch, size_m, size_k, size_n, g
     assert_gemm_close(simd2, x.double() @ w.double(), x, w)
 
 
-@pytest.mark.parametrize("size_m,size_n,dtype", [(1, 2176, torch.bfloat16),
-                                                 (2, 4160, torch.bfloat16),
-                                                 (4, 2176, torch.float16)])
-def test_awq_gemm_cpu_lookup_item_width_keeps_bits(monkeypatch, size_m, size_n, dtype):
-    # The lookup path's work items span 4 / 8 / 16 lines of 128 columns by N and the thread
-    # count (lut_lines); W4K_AWQ_LUT_LINES forces a width. N = 2176 is 17 lines (items of 16 and
-    # a last one of 1), N = 4160 32.5 (a partial last line). Every width must give the default's
-    # bits, which are the portable path's.
-    qw, s, qz = _awq(512, size_n, 128, dtype, seed=size_n)
-    x = torch.randn(size_m, 512, generator=torch.Generator().manual_seed(size_m)).to(dtype)
+@pytest.mark.parametrize("size_m,size_k,size_n,group_size,dtype", [
+    (1, 512, 2176, 128, torch.bfloat16),
+    (2, 512, 4160, 128, torch.bfloat16),
+    (4, 512, 2176, 128, torch.float16),
+    (3, 768, 4160, 48, torch.bfloat16),  # strips spanning 3-4 groups: 4 tables a block (AVX2)
+    (1, 512, 1088, 16, torch.float16),   # 8 groups a strip
+    (6, 512, 2176, 64, torch.bfloat16),  # M > 4: the narrow items
+])
+def test_awq_gemm_cpu_lookup_item_width_keeps_bits(monkeypatch, size_m, size_k, size_n,
+                                                     group_size, dtype):
+    # The lookup path's work items span a number of 128-column lines chosen by M, N and the
+    # thread count (AVX-512: lut_lines, 4 / 8 / 16 lines; AVX2: lut_avx2_blocks, 2 / 4 / 8
+    # lines); W4K_AWQ_LUT_LINES forces a width on both. N = 2176 is 17 lines (items of 8 or 16
+    # lines and a short last one), N = 4160 32.5 (a partial last line). Every width must give
+    # the default's bits, which are the portable path's.
+    qw, s, qz = _awq(size_k, size_n, group_size, dtype, seed=size_n + group_size)
+    x = torch.randn(size_m, size_k, generator=torch.Generator().manual_seed(size_m)).to(dtype)
     default = _run(monkeypatch, "avx512", 2, x, qw, s, qz)
-    for lines in ("1", "4", "8", "16", "64"):
-        monkeypatch.setenv("W4K_AWQ_LUT_LINES", lines)
+    portable = _run(monkeypatch, "scalar", 2, x, qw, s, qz)
+    assert golden.same_bits(portable, default)
+    for isa in ("avx512", "avx2"):
         for threads in (1, 2):
-            out = _run(monkeypatch, "avx512", threads, x, qw, s, qz)
-            assert golden.same_bits(out, default), f"{lines} lines, {threads} threads"
-        assert golden.same_bits(_run(monkeypatch, "scalar", 2, x, qw, s, qz), default)
+            out = _run(monkeypatch, isa, threads, x, qw, s, qz)
+            assert golden.same_bits(out, default), f"{isa}, default width, {threads} threads"
+        for lines in ("1", "4", "8", "16", "64"):
+            monkeypatch.setenv("W4K_AWQ_LUT_LINES", lines)
+            for threads in (1, 2):
+                out = _run(monkeypatch, isa, threads, x, qw, s, qz)
+                assert golden.same_bits(out, default), f"{isa}, {lines} lines, {threads} threads"
+            monkeypatch.delenv("W4K_AWQ_LUT_LINES")
     w = reference.awq_dequantize(qw, s, qz)
     assert_gemm_close(default, x.double() @ w.double(), x, w)
 

@@ -184,8 +184,8 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // counter costs nothing. Each column is summed by one item, so the bits do not depend on the
 // thread count.
 // AVX2 path (awq_gemm_cpu_avx2.h): CPUs with AVX2 + FMA + F16C but not the AVX-512 path's
-// BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the tile path's), summed
-// in the order of the portable path the shape selects; x widened to fp32 once (exact).
+// BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the lookups at M <= 4:
+// up to 1024, lut_avx2_blocks), summed in the order of the portable path the shape selects; x widened to fp32 once (exact).
 // bf16 x as fp32 [M, K], contiguous (exact).
 std::vector<float> widen_bf16_rows(const awq_cpu::Problem& pb) {
   std::vector<float> xf(pb.size_m * pb.size_k);
@@ -215,9 +215,13 @@ void awq_gemm_run_avx2(const awq_cpu::Problem& pb, const float* xf) {
       awq_cpu::lut_avx2_bf16_x(xf, pb.size_m, pb.size_k, xe.data());
     }
     const float* x = D == awq_cpu::Dtype::kBFloat16 ? xe.data() : xf;
-    const int64_t floats = awq_cpu::lut_avx2_scratch_floats<D>(pb.size_m);
-    cpu::WorkQueue::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
-      const int64_t n0 = c * chunk_cols, n1 = std::min(pb.size_n, n0 + chunk_cols);
+    const int64_t blocks = awq_cpu::lut_avx2_blocks(pb.size_m, pb.size_n, at::get_num_threads());
+    const int64_t cols = blocks * awq_cpu::kBlockN;
+    const int64_t floats =
+        awq_cpu::lut_avx2_scratch_floats<D>(pb.size_m, blocks, pb.size_k / pb.groups);
+    cpu::WorkQueue::instance().run((pb.size_n + cols - 1) / cols, at::get_num_threads(),
+                                   [&](int64_t c) {
+      const int64_t n0 = c * cols, n1 = std::min(pb.size_n, n0 + cols);
       awq_cpu::chunk_lut_avx2<D>(pb, x, n0, n1, thread_scratch(floats));
     });
     return;

@@ -290,14 +290,40 @@ constexpr int64_t lut_avx2_pair_floats() {
   return D == Dtype::kBFloat16 ? 16 : 32;
 }
 
-// Per-thread scratch floats of chunk_lut_avx2: chain sums [block][pair][m][pair floats], the
-// strip's index bytes [row group][pair][32] and each block's tables of the strip's groups
-// [block][group][pair][lo 32, hi 32].
+// Blocks of 64 columns per work item of chunk_lut_avx2: at M <= 4, 16 (1024 columns: runs of
+// 512 bytes per row of the weight) where that still leaves two items per thread, else 8, else 4;
+// 4 above (there the chain sums of 16 blocks outgrow L2: fp16 at M = 7 would take 458 KiB).
+// Measured on the Zen 3 VM (AVX2 only, 2026-12-08; 2 threads, weights rotated, 7-11 rounds
+// alternating in one process, g128), 16 against 4 blocks: bf16 M = 1 1.13-1.22x, M = 4
+// 1.08-1.12x on 4096 x 4096, 11008 x 4096, 4096 x 11008 (8 blocks: 0.97-1.06x); fp16 M = 1
+// 1.05-1.17x, M = 4 1.01-1.10x; with two busy processes on the cores (means) 1.03-1.12x; at
+// M = 7-8 0.94-1.21x, so not taken there. W4K_AWQ_LUT_LINES (lines of 128 columns, as on the
+// AVX-512 path) forces 2 blocks a line at every M; the bits do not depend on it.
+inline int64_t lut_avx2_blocks(int64_t size_m, int64_t size_n, int64_t threads) {
+  if (const char* env = std::getenv("W4K_AWQ_LUT_LINES"))
+    return 2 * std::clamp<int64_t>(std::atoll(env), 1, 64);
+  if (size_m > 4) return kChunkBlocks;
+  const int64_t all = (size_n + kBlockN - 1) / kBlockN;
+  for (int64_t blocks : {16, 8})
+    if (all / blocks >= 2 * threads) return blocks;
+  return kChunkBlocks;
+}
+
+// Tables kept per block: those of the groups one strip spans (at most one per 16-row group).
+inline int64_t lut_avx2_strip_groups(int64_t group_size) {
+  return std::min(kLutRowGroups, (kStripK + group_size - 1) / group_size + 1);
+}
+
+// Per-thread scratch floats of chunk_lut_avx2 over `blocks` blocks of columns: chain sums
+// [block][pair][m][pair floats], the strip's index bytes [row group][pair][32] and each block's
+// tables of the strip's groups [block][group][pair][lo 32, hi 32], then the group each block's
+// tables hold (int64_t).
 template <Dtype D>
-inline int64_t lut_avx2_scratch_floats(int64_t size_m) {
-  return kChunkBlocks * kLutPairs * size_m * lut_avx2_pair_floats<D>() +
-         (kLutRowGroups * kLutPairs * 32 + kChunkBlocks * kLutRowGroups * kLutPairs * 64) / 4 +
-         16;
+inline int64_t lut_avx2_scratch_floats(int64_t size_m, int64_t blocks, int64_t group_size) {
+  return blocks * kLutPairs * size_m * lut_avx2_pair_floats<D>() +
+         (kLutRowGroups * kLutPairs * 32 +
+          blocks * lut_avx2_strip_groups(group_size) * kLutPairs * 64) / 4 +
+         2 * blocks + 16;
 }
 
 // bf16 only: x rearranged per 16-row group t into the four chain operands of the lookup, each
@@ -485,13 +511,15 @@ W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_be
   const int64_t nblocks = (n_end - n_begin + kBlockN - 1) / kBlockN;
   const int64_t ldx = kBf16 ? pb.size_k * 2 : pb.size_k;  // bf16: 32 floats per 16 rows
   float* acc = scratch;
-  uint8_t* idx = reinterpret_cast<uint8_t*>(acc + kChunkBlocks * kLutPairs * M * kPF);
+  uint8_t* idx = reinterpret_cast<uint8_t*>(acc + nblocks * kLutPairs * M * kPF);
   uint8_t* tabs = idx + kLutRowGroups * kLutPairs * 32;
   std::memset(acc, 0, sizeof(float) * nblocks * kLutPairs * M * kPF);
-  constexpr int64_t kTabBytes = kLutRowGroups * kLutPairs * 64;  // one block's tables
+  // one block's tables
+  const int64_t tab_bytes = lut_avx2_strip_groups(group_size) * kLutPairs * 64;
   int64_t tab_off[kLutRowGroups];  // row group t's tables: (its group - g0) * kLutPairs * 64
-  int64_t built[kChunkBlocks];     // the one group whose tables a block keeps (-1: none)
-  std::fill(built, built + kChunkBlocks, -1);
+  // the one group whose tables each block keeps (-1: none)
+  int64_t* built = reinterpret_cast<int64_t*>(tabs + nblocks * tab_bytes);
+  std::fill(built, built + nblocks, -1);
   for (int64_t k0 = 0; k0 < pb.size_k; k0 += kStripK) {
     const int64_t nt = std::min(kStripK, pb.size_k - k0) / 16;  // K is a multiple of 16
     const int64_t g0 = k0 / group_size, g1 = (k0 + 16 * nt - 1) / group_size;
@@ -500,7 +528,7 @@ W4K_AWQ_AVX2 void chunk_lut_avx2(const Problem& pb, const float* x, int64_t n_be
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = n_begin + b * kBlockN;
       const int64_t words = std::min<int64_t>(8, (n_end - n0) / 8);
-      uint8_t* tab = tabs + b * kTabBytes;
+      uint8_t* tab = tabs + b * tab_bytes;
       // a group longer than the strip keeps its tables for the next strips
       if (g0 != g1 || built[b] != g0)
         for (int64_t g = g0; g <= g1; ++g)
