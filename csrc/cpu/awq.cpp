@@ -185,7 +185,8 @@ void awq_dequantize_kernel(const int32_t* qweight, const scalar_t* scales, const
 // thread count.
 // AVX2 path (awq_gemm_cpu_avx2.h): CPUs with AVX2 + FMA + F16C but not the AVX-512 path's
 // BF16 / VBMI, or W4K_CPU_ISA=avx2. Work items of 256 columns x all M (the lookups at M <= 4:
-// up to 1024, lut_avx2_blocks), summed in the order of the portable path the shape selects; x widened to fp32 once (exact).
+// up to 1024, lut_avx2_blocks), summed in the order of the portable path the shape selects; x
+// widened to fp32 once (exact).
 // bf16 x as fp32 [M, K], contiguous (exact).
 std::vector<float> widen_bf16_rows(const awq_cpu::Problem& pb) {
   std::vector<float> xf(pb.size_m * pb.size_k);

@@ -300,8 +300,7 @@ constexpr int64_t lut_avx2_pair_floats() {
 // M = 7-8 0.94-1.21x, so not taken there. W4K_AWQ_LUT_LINES (lines of 128 columns, as on the
 // AVX-512 path) forces 2 blocks a line at every M; the bits do not depend on it.
 inline int64_t lut_avx2_blocks(int64_t size_m, int64_t size_n, int64_t threads) {
-  if (const char* env = std::getenv("W4K_AWQ_LUT_LINES"))
-    return 2 * std::clamp<int64_t>(std::atoll(env), 1, 64);
+  if (std::getenv("W4K_AWQ_LUT_LINES")) return 2 * lut_lines(size_m, size_n, threads);
   if (size_m > 4) return kChunkBlocks;
   const int64_t all = (size_n + kBlockN - 1) / kBlockN;
   for (int64_t blocks : {16, 8})
